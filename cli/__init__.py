@@ -1,0 +1,1 @@
+"""The ``osprey`` command line: thin click wrappers around library ``run(config)`` functions."""

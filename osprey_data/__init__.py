@@ -1,0 +1,1 @@
+"""Osprey data: feature stores (sharded Zarr + Arrow), the builder, pretraining corpora."""

@@ -1,0 +1,1 @@
+"""Osprey training: drafter models, the four stages, evaluation and export."""

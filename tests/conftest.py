@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny local tokenizers and random models, built once per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer
+
+# Tests must never reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a core dependency
+        has_cuda = False
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """Folder with a trained byte-level BPE tokenizer (ChatML template)."""
+    path = tmp_path_factory.mktemp("tiny_tokenizer")
+    make_tiny_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, tiny_tokenizer):
+    """Folder with a random 6-layer Llama (d=64) sharing the tiny tokenizer."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, tiny_tokenizer):
+    """Folder with a random 6-layer Qwen3 (q/k norms, tied embeddings)."""
+    return make_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), tiny_tokenizer)
