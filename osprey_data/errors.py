@@ -86,3 +86,36 @@ class CheckpointError(OspreyError, ValueError):
 
 class BackendUnavailableError(OspreyError, RuntimeError):
     """An optional backend (SGLang, CUDA, flash-attn) was requested but is not installed."""
+
+
+# --- training (appended by the PRETRAIN helper) --------------------------------------------
+
+
+class TrainingDivergedError(OspreyError, RuntimeError):
+    """The training loss or gradient norm became NaN/inf; lower the LR or check the data."""
+
+
+__all__ += ["TrainingDivergedError"]
+
+
+# --- appended by the STORE helper --------------------------------------------------------
+
+
+class SampleNotFoundError(StoreError, KeyError):
+    """A sample id asked of a store reader is not in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+__all__ += ["SampleNotFoundError"]
+
+
+# --- demo (model fetch) ------------------------------------------------------------------
+
+
+class FetchError(OspreyError, RuntimeError):
+    """A model could not be fetched (package registry unreachable, pip missing, bad archive)."""
+
+
+__all__ += ["FetchError"]

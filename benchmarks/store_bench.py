@@ -1,0 +1,295 @@
+"""Feature-store benchmark: size, speed and fp8 error against a SpecForge-style baseline.
+
+Measured in one run (hidden size 4096, 3 taps, top-k 64 by default):
+
+* bytes/token of our store per codec (bf16, fp8; with and without ``final_hidden``) against a
+  SpecForge-style baseline written in the same run: one safetensors file per sample with aux
+  hidden states (T, 3*D) + final hidden (T, D) in bf16, int64 input_ids and loss_mask;
+* write and read MB/s of raw hidden data (bf16 bytes) through StoreWriter/StoreReader against
+  plain ``numpy.tofile`` / ``numpy.fromfile`` of the same bytes;
+* fp8 error on ordinary vs outlier (massive-activation) channels, on synthetic states with
+  realistic outliers and (``--real``, default on when present) on real SmolLM2-135M states.
+
+Ends with one ``RESULT`` line. ``--tokens`` scales the synthetic workload.
+
+Legend: T tokens of a sample, L taps, D hidden size, K top-k, N all tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from osprey_data.store import (
+    HIDDEN_CODECS, SampleRecord, StoreHeader, StoreReader, StoreWriter, TapLayers, TargetIdentity,
+)
+from osprey_data.store.codecs import bf16_bits_to_float32, to_bf16_bits
+
+SMOLLM = Path("/work/models/smollm2-135m-instruct")
+PROMPTS = Path(__file__).resolve().parents[1].parent / "shared/data/prompts/chat.eval.jsonl"
+OUTLIER_CHANNELS = (1234, 2345, 3001)
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def synthetic_sample(rng, T, L, D, K, vocab):
+    """Hidden states with per-channel scale spread and massive-activation channels."""
+    ch_scale = np.exp(rng.normal(0.0, 0.5, D)).astype(np.float32) * 2.6
+    h_TLD = rng.standard_normal((T, L, D)).astype(np.float32) * ch_scale
+    for c, v in zip(OUTLIER_CHANNELS, (600.0, -350.0, 120.0)):
+        h_TLD[:, :, c] = v * (1 + 0.05 * rng.standard_normal((T, L)))
+    h_TLD[0, :, OUTLIER_CHANNELS[0]] = 26624.0  # attention-sink token
+    final_TD = rng.standard_normal((T, D)).astype(np.float32)
+    logits = rng.standard_normal((T, K)).astype(np.float32) * 3
+    lp_TK = -np.sort(-(logits - np.log(np.exp(logits).sum(1, keepdims=True) * 50)), axis=1)
+    return h_TLD, final_TD, rng.integers(0, vocab, (T, K)).astype(np.int32), lp_TK.astype(np.float32)
+
+
+def make_records(n_tokens, T, L, D, K, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    recs, left, i = [], n_tokens, 0
+    while left > 0:
+        t = min(T, left)
+        h, f, ids, lp = synthetic_sample(rng, t, L, D, K, vocab)
+        recs.append(SampleRecord(
+            sample_id=f"s{i:06d}", domain="synthetic", source="bench", conversation=[],
+            token_ids=rng.integers(0, vocab, t).astype(np.int32), loss_mask=np.ones(t, bool),
+            prompt_length=0, finish_reason="stop", hidden_TLD=torch.from_numpy(h).to(torch.bfloat16),
+            topk_ids_TK=ids, topk_logprobs_TK=lp, final_hidden_TD=torch.from_numpy(f).to(torch.bfloat16)))
+        left -= t
+        i += 1
+    return recs
+
+
+def header(D, L, K, vocab, codec, final):
+    tgt = TargetIdentity(name_or_path="synthetic", model_type="llama", config_hash="x", tokenizer_hash="y",
+                         vocab_size=vocab, hidden_size=D, num_layers=32, dtype="bfloat16")
+    return StoreHeader(target=tgt, taps=TapLayers(layer_ids=tuple(range(2, 2 + L))), topk=K,
+                       hidden_codec=codec, has_final_hidden=final, chat_template_hash="", generation={},
+                       build_fingerprint="bench", build_config={}, builder_version="bench")
+
+
+def write_baseline(out: Path, recs) -> float:
+    """SpecForge-style: one safetensors file per sample (aux + final hidden bf16, int64 ids/mask)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    for r in recs:
+        T = len(r.token_ids)
+        save_file({
+            "aux_hidden_states": r.hidden_TLD.reshape(T, -1).contiguous(),
+            "hidden_states": r.final_hidden_TD.contiguous(),
+            "input_ids": torch.from_numpy(r.token_ids.astype(np.int64)),
+            "loss_mask": torch.from_numpy(r.loss_mask.astype(np.int64)),
+        }, str(out / f"{r.sample_id}.safetensors"))
+    return time.perf_counter() - t0
+
+
+def write_store(url: Path, recs, hdr, final) -> float:
+    t0 = time.perf_counter()
+    with StoreWriter(str(url), hdr, shard_max_tokens=65536) as w:
+        for r in recs:
+            w.add(r if final else SampleRecord(**{**r.__dict__, "final_hidden_TD": None}))
+    return time.perf_counter() - t0
+
+
+def read_store(url: Path, as_torch: bool) -> float:
+    r = StoreReader(str(url))
+    t0 = time.perf_counter()
+    n = 0
+    for s in r.iter_samples(as_torch=as_torch):
+        n += s.hidden_TLD.shape[0]
+    return time.perf_counter() - t0
+
+
+def fp8_errors(h_NLD: np.ndarray, outlier_mask_D: np.ndarray) -> dict[str, float]:
+    codec = HIDDEN_CODECS["fp8"]
+    x = bf16_bits_to_float32(to_bf16_bits(h_NLD))
+    y = codec.decode(codec.encode(x))
+    e = np.abs(y - x)
+    xo, eo = x[..., ~outlier_mask_D], e[..., ~outlier_mask_D]
+    xq, eq = x[..., outlier_mask_D], e[..., outlier_mask_D]
+    return {
+        "ordinary_rel_rms": float(np.sqrt((eo**2).mean() / (xo**2).mean())),
+        "ordinary_mean_rel": float((eo / np.maximum(np.abs(xo), 1e-6)).mean()),
+        "outlier_rel_max": float((eq / np.maximum(np.abs(xq), 1e-6)).max()) if xq.size else 0.0,
+        "overall_rel_fro": float(np.linalg.norm(e) / np.linalg.norm(x)),
+    }
+
+
+def real_records(n_prompts: int, max_tokens: int, K: int):
+    """Records from SmolLM2-135M-Instruct on a few real chat prompts: taps [2, 15, 27] in the
+    hf_hidden_states convention, final normed hidden state and the real top-K log-probs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM)
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM, dtype=torch.float32).eval()
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:n_prompts]]
+    out = []
+    with torch.no_grad():
+        for row in rows:
+            ids = tok.apply_chat_template(row["conversations"], add_generation_prompt=True, return_tensors="pt")
+            if not isinstance(ids, torch.Tensor):
+                ids = ids["input_ids"]
+            ids = ids[:, :max_tokens]
+            o = model(input_ids=ids, output_hidden_states=True)
+            hs = o.hidden_states
+            lp_TV = torch.log_softmax(o.logits[0].float(), dim=-1)
+            top = lp_TV.topk(K, dim=-1)
+            T = ids.shape[1]
+            out.append(SampleRecord(
+                sample_id=row["id"], domain=row["domain"], source=row["source"],
+                conversation=row["conversations"], token_ids=ids[0].numpy().astype(np.int32),
+                loss_mask=np.ones(T, bool), prompt_length=T, finish_reason="teacher_forced",
+                hidden_TLD=torch.stack([hs[i][0] for i in (2, 15, 27)], dim=1).to(torch.bfloat16),
+                topk_ids_TK=top.indices.numpy().astype(np.int32), topk_logprobs_TK=top.values.numpy(),
+                final_hidden_TD=hs[-1][0].to(torch.bfloat16)))
+    return out, model.config
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=4096, help="synthetic tokens (scale the run)")
+    ap.add_argument("--sample-tokens", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--taps", type=int, default=3)
+    ap.add_argument("--topk", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--real", choices=["auto", "yes", "no"], default="auto")
+    ap.add_argument("--out", default=None, help="where to keep stores and the plot (default: temp)")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    D, L, K = args.hidden, args.taps, args.topk
+    work = Path(args.out or tempfile.mkdtemp(prefix="store_bench_"))
+    work.mkdir(parents=True, exist_ok=True)
+    for p in work.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    recs = make_records(args.tokens, args.sample_tokens, L, D, K, args.vocab)
+    N = sum(len(r.token_ids) for r in recs)
+    hidden_mb = N * L * D * 2 / 1e6
+    print(f"synthetic: {len(recs)} samples, {N} tokens, D={D}, L={L}, K={K}; raw bf16 hidden {hidden_mb:.0f} MB")
+
+    base_s = write_baseline(work / "baseline", recs)
+    base_bpt = du(work / "baseline") / N
+    print(f"baseline (SpecForge-style safetensors/sample): {base_bpt:,.0f} B/token, write {base_s:.2f}s")
+
+    sizes, times = {}, {}
+    for codec in ("bf16", "fp8"):
+        for final in (False, True):
+            name = f"{codec}{'+final' if final else ''}"
+            url = work / name
+            times[name] = write_store(url, recs, header(D, L, K, args.vocab, codec, final), final)
+            sizes[name] = du(url) / N
+    print(f"\n{'store':<12} {'B/token':>10} {'vs baseline':>12} {'write s':>8}")
+    print(f"{'baseline':<12} {base_bpt:>10,.0f} {1.0:>11.3f}x {base_s:>8.2f}")
+    for name in sizes:
+        print(f"{name:<12} {sizes[name]:>10,.0f} {sizes[name] / base_bpt:>11.3f}x {times[name]:>8.2f}")
+
+    # raw numpy reference on the same bf16 hidden bytes
+    bits = np.concatenate([to_bf16_bits(r.hidden_TLD) for r in recs])
+    raw = work / "raw.u16"
+    t0 = time.perf_counter()
+    bits.tofile(raw)
+    np_write = time.perf_counter() - t0
+    np_read = min(_timed(lambda: np.fromfile(raw, dtype=np.uint16)) for _ in range(3))
+    ours_read = min(read_store(work / "bf16", as_torch=False) for _ in range(2))
+    ours_read_t = min(read_store(work / "bf16", as_torch=True) for _ in range(2))
+    fp8_read = read_store(work / "fp8", as_torch=False)
+    print(f"\nhidden MB/s   numpy tofile {hidden_mb / np_write:8.0f}   store bf16 write {hidden_mb / times['bf16']:8.0f}"
+          f"   fp8 write {hidden_mb / times['fp8']:8.0f}")
+    print(f"hidden MB/s   numpy fromfile {hidden_mb / np_read:6.0f}   store bf16 read (numpy f32) "
+          f"{hidden_mb / ours_read:6.0f}   (torch bf16) {hidden_mb / ours_read_t:6.0f}   fp8 read {hidden_mb / fp8_read:6.0f}")
+    r = StoreReader(str(work / "bf16"))
+    idx = np.random.default_rng(1).integers(0, len(r), 20)
+    t0 = time.perf_counter()
+    for i in idx:
+        r.sample(int(i))
+    rand_ms = (time.perf_counter() - t0) / len(idx) * 1e3
+    print(f"random access: {rand_ms:.1f} ms/sample ({args.sample_tokens} tokens)")
+
+    mask = np.zeros(D, bool)
+    mask[list(OUTLIER_CHANNELS)] = True
+    syn_err = fp8_errors(np.concatenate([r.hidden_TLD.float().numpy() for r in recs[:4]]), mask)
+    print(f"\nfp8 error (synthetic): {json.dumps({k: round(v, 5) for k, v in syn_err.items()})}")
+
+    real = {}
+    if args.real == "yes" or (args.real == "auto" and SMOLLM.exists() and PROMPTS.exists()):
+        rrecs, cfg = real_records(4, 256, K)
+        h = np.concatenate([r.hidden_TLD.float().numpy() for r in rrecs])
+        a = np.abs(h)
+        ch_max = a.reshape(-1, h.shape[-1]).max(axis=0)
+        rmask = ch_max > 20 * np.median(ch_max)
+        real = fp8_errors(h, rmask)
+        real["absmax"] = float(a.max())
+        real["median_abs"] = float(np.median(a))
+        real["outlier_channels"] = int(rmask.sum())
+        print(f"fp8 error (SmolLM2-135M taps [2,15,27], {h.shape[0]} tokens): "
+              f"{json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in real.items()})}")
+        rN = h.shape[0]
+        write_baseline(work / "real_baseline", rrecs)
+        rbase = du(work / "real_baseline") / rN
+        for codec in ("bf16", "fp8"):
+            write_store(work / f"real_{codec}", rrecs,
+                        header(cfg.hidden_size, 3, K, cfg.vocab_size, codec, False), False)
+            real[f"{codec}_ratio"] = du(work / f"real_{codec}") / rN / rbase
+        print(f"real SmolLM2 bytes/token: baseline {rbase:,.0f}; bf16 {real['bf16_ratio']:.3f}x, "
+              f"fp8 {real['fp8_ratio']:.3f}x of baseline (D={cfg.hidden_size}, real top-{K})")
+    _plot(work, base_bpt, sizes)
+    print(f"(files in {work})")
+    res = {
+        "baseline_Bpt": round(base_bpt), "bf16_Bpt": round(sizes["bf16"]), "fp8_Bpt": round(sizes["fp8"]),
+        "bf16_ratio": round(sizes["bf16"] / base_bpt, 3), "fp8_ratio": round(sizes["fp8"] / base_bpt, 3),
+        "bf16_final_ratio": round(sizes["bf16+final"] / base_bpt, 3),
+        "fp8_final_ratio": round(sizes["fp8+final"] / base_bpt, 3),
+        "read_vs_numpy": round(np_read / ours_read, 3), "read_torch_vs_numpy": round(np_read / ours_read_t, 3),
+        "write_vs_numpy": round(np_write / times["bf16"], 3),
+        "fp8_ord_rel_rms": round(syn_err["ordinary_rel_rms"], 4),
+        "fp8_out_rel_max": round(syn_err["outlier_rel_max"], 4),
+    }
+    if real:
+        res["real_fp8_ord_rel_rms"] = round(real["ordinary_rel_rms"], 4)
+        res["real_fp8_out_rel_max"] = round(real["outlier_rel_max"], 4)
+        res["real_absmax"] = round(real["absmax"], 1)
+        res["real_bf16_ratio"] = round(real["bf16_ratio"], 3)
+        res["real_fp8_ratio"] = round(real["fp8_ratio"], 3)
+    if args.out is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in res.items()))
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _plot(work: Path, base: float, sizes: dict[str, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["baseline", *sizes]
+    vals = [base, *sizes.values()]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(names, vals, color=["grey"] + ["tab:blue"] * len(sizes))
+    ax.set_ylabel("bytes / token")
+    ax.set_title("store size vs SpecForge-style baseline")
+    fig.tight_layout()
+    fig.savefig(work / "store_bench.png", dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

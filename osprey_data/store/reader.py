@@ -1,0 +1,161 @@
+"""StoreReader: strictly read-only, random-access reads of a published store.
+
+Only shards listed in ``manifest.json`` exist for a reader (temp dirs, unmerged shards of
+running workers and anything else in the folder are invisible). Sample ``i`` is located by a
+binary search over the manifest's per-shard sample counts, so one sample costs reading one
+shard's small Parquet table (cached) plus the few chunks holding its rows — never a scan.
+Every byte is checked against the shard's ``_COMMIT.json`` CRCs; nothing is ever unpickled.
+
+Dtype policy: numpy outputs float32 hidden states (numpy has no bfloat16; decoding is exact);
+``as_torch=True`` gives bfloat16 hidden tensors (what the store holds) and int32/bool/float32
+tensors for the rest.
+
+Legend: T tokens of one sample, L taps, D hidden, K top-k.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from osprey_data.errors import SampleNotFoundError, StoreCorruptError
+from osprey_data.store.fs import StoreFS
+from osprey_data.store.manifest import Manifest, StoreHeader
+from osprey_data.store.merge import read_manifest
+from osprey_data.store.records import Sample
+from osprey_data.store.shard import ShardHandle
+
+__all__ = ["StoreReader"]
+
+
+class StoreReader:
+    """Read a store at a local path or fsspec URL (``memory://``, ``s3://`` ...)."""
+
+    def __init__(self, url: str, *, storage_options: dict | None = None) -> None:
+        self.url = url
+        self.fs = StoreFS(url, storage_options=storage_options, read_only=True)
+        self.manifest: Manifest = read_manifest(self.fs)
+        self._starts = np.cumsum([0] + [s.num_samples for s in self.manifest.shards]).tolist()
+        self._handles: dict[int, ShardHandle] = {}
+        self._id_index: dict[str, int] | None = None
+
+    # --- summary ------------------------------------------------------------------------
+
+    @property
+    def header(self) -> StoreHeader:
+        return self.manifest.header
+
+    @property
+    def num_samples(self) -> int:
+        return self.manifest.num_samples
+
+    @property
+    def num_tokens(self) -> int:
+        return self.manifest.num_tokens
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.manifest.shards)
+
+    def shard(self, k: int) -> ShardHandle:
+        h = self._handles.get(k)
+        if h is None:
+            h = ShardHandle(self.fs, self.header, self.manifest.shards[k])
+            self._handles[k] = h
+        return h
+
+    # --- random access ------------------------------------------------------------------
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number, row in that shard's table) of global sample ``i``."""
+        if not -self.num_samples <= i < self.num_samples:
+            raise IndexError(f"sample index {i} out of range for a store of {self.num_samples} samples")
+        i %= self.num_samples
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
+
+    def sample(self, i: int, *, as_torch: bool = False) -> Sample:
+        k, row = self.locate(i)
+        return self._sample(k, row, as_torch=as_torch)
+
+    def __getitem__(self, i: int) -> Sample:
+        return self.sample(i)
+
+    def _sample(self, k: int, row: int, *, as_torch: bool) -> Sample:
+        h = self.shard(k)
+        rec = h.row(row)
+        a, n = int(rec["row_offset"]), int(rec["num_tokens"])
+        where = f"sample {self._starts[k] + row} ({rec['sample_id']!r}) in {h.where}"
+        if len(rec["token_ids"]) != n or len(rec["loss_mask"]) != n or a + n > h.info.num_tokens:
+            raise StoreCorruptError(f"{where}: table row lengths/offsets disagree with num_tokens={n}")
+        try:
+            hidden = h.decode_hidden("hidden", a, a + n, as_torch=as_torch)
+            final = (h.decode_hidden("final_hidden", a, a + n, as_torch=as_torch)
+                     if self.header.has_final_hidden else None)
+            ids = h.reader("topk_ids").read_rows(a, a + n)
+            lps = h.reader("topk_logprobs").read_rows(a, a + n)
+        except StoreCorruptError as exc:
+            raise StoreCorruptError(f"{where}: {exc}") from None
+        tok, mask = rec["token_ids"], rec["loss_mask"]
+        if as_torch:
+            import torch
+
+            tok, mask = torch.from_numpy(tok), torch.from_numpy(mask)
+            ids, lps = torch.from_numpy(ids), torch.from_numpy(lps)
+        return Sample(
+            sample_id=rec["sample_id"], domain=rec["domain"], source=rec["source"],
+            conversation=json.loads(rec["conversation"]), token_ids=tok, loss_mask=mask,
+            prompt_length=int(rec["prompt_length"]), finish_reason=rec["finish_reason"],
+            hidden_TLD=hidden, topk_ids_TK=ids, topk_logprobs_TK=lps, final_hidden_TD=final,
+            index=self._starts[k] + row, shard_id=h.info.shard_id,
+        )
+
+    def iter_samples(self, as_torch: bool = False) -> Iterator[Sample]:
+        """All samples in store order, shard by shard (chunk reads are reused across samples)."""
+        for k, info in enumerate(self.manifest.shards):
+            for row in range(info.num_samples):
+                yield self._sample(k, row, as_torch=as_torch)
+            self._handles.pop(k, None)  # free the shard's chunk cache
+
+    def __iter__(self) -> Iterator[Sample]:
+        return self.iter_samples()
+
+    # --- tables -------------------------------------------------------------------------
+
+    def table(self, columns: list[str] | None = None) -> pa.Table:
+        """Per-sample metadata of all shards (Arrow), plus ``shard_id`` and global ``index``."""
+        parts = []
+        for k, info in enumerate(self.manifest.shards):
+            t = self.shard(k).table()
+            t = t.append_column("shard_id", pa.array([info.shard_id] * t.num_rows, pa.string()))
+            t = t.append_column("index", pa.array(np.arange(self._starts[k], self._starts[k + 1]), pa.int64()))
+            parts.append(t if columns is None else t.select(list(columns)))
+        if not parts:
+            from osprey_data.store.shard import TABLE_SCHEMA
+
+            empty = pa.table({n: pa.array([], type=TABLE_SCHEMA.field(n).type) for n in TABLE_SCHEMA.names})
+            empty = empty.append_column("shard_id", pa.array([], pa.string()))
+            empty = empty.append_column("index", pa.array([], pa.int64()))
+            return empty if columns is None else empty.select(list(columns))
+        return pa.concat_tables(parts)
+
+    def index_of(self, sample_id: str) -> int:
+        if self._id_index is None:
+            ids = self.table(["sample_id"]).column(0).to_pylist()
+            self._id_index = {sid: i for i, sid in enumerate(ids)}
+        try:
+            return self._id_index[sample_id]
+        except KeyError:
+            raise SampleNotFoundError(f"sample id {sample_id!r} is not in store {self.url}") from None
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "num_samples": self.num_samples, "num_tokens": self.num_tokens,
+                "num_shards": self.num_shards}

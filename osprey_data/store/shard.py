@@ -1,0 +1,241 @@
+"""One shard on disk: ``shards/<id>/{samples.parquet, tokens.zarr/, _COMMIT.json}``.
+
+:class:`ShardBuilder` streams samples into a not-yet-visible shard directory and finishes it
+with ``_COMMIT.json`` (per-file size + CRC32, array shapes, header hash) written LAST — its
+sha256 is the shard checksum recorded in journals and the manifest. :class:`ShardHandle`
+opens a committed shard for reading and verifies every byte it reads against that record.
+
+Legend: N rows (tokens of the shard), T tokens of one sample, L taps, D hidden, K top-k.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from osprey_data.errors import ManifestMismatchError, SchemaError, StoreCorruptError, StoreNotFoundError
+from osprey_data.store.codecs import HIDDEN_CODECS
+from osprey_data.store.fs import StoreFS
+from osprey_data.store.manifest import FORMAT_VERSION, ShardInfo, StoreHeader, header_hash
+from osprey_data.store.records import SampleRecord
+from osprey_data.store.zarrio import ChunkedArrayReader, ChunkedArrayWriter, group_metadata
+
+__all__ = ["COMMIT_FILE", "TABLE_FILE", "ZARR_DIR", "TABLE_SCHEMA", "ShardBuilder", "ShardHandle",
+           "stored_arrays", "parse_commit", "info_from_commit"]
+
+COMMIT_FILE = "_COMMIT.json"
+TABLE_FILE = "samples.parquet"
+ZARR_DIR = "tokens.zarr"
+
+TABLE_SCHEMA = pa.schema([
+    ("sample_id", pa.string()),
+    ("domain", pa.string()),
+    ("source", pa.string()),
+    ("conversation", pa.string()),
+    ("token_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.bool_())),
+    ("row_offset", pa.int64()),
+    ("num_tokens", pa.int32()),
+    ("prompt_length", pa.int32()),
+    ("finish_reason", pa.string()),
+])
+
+
+def stored_arrays(header: StoreHeader) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """Every Zarr array of a shard: name -> (dtype, per-row shape, chunk compression)."""
+    L, D, K = header.num_taps, header.target.hidden_size, header.topk
+    codec = HIDDEN_CODECS[header.hidden_codec]
+    out: dict[str, tuple[str, tuple[int, ...], str]] = {}
+    for p in codec.parts(L, D):
+        out["hidden" + p.suffix] = (p.dtype, p.per_row_shape, p.compression)
+    out["topk_ids"] = ("int32", (K,), "blosc-zstd")
+    out["topk_logprobs"] = ("float32", (K,), "blosc-zstd")
+    if header.has_final_hidden:
+        for p in codec.parts(1, D):
+            # stored without the singleton tap axis: final_hidden is (N, D)
+            out["final_hidden" + p.suffix] = (p.dtype, p.per_row_shape[1:], p.compression)
+    return out
+
+
+class ShardBuilder:
+    """Writes one shard's files under ``rel_dir`` (a temp dir locally, the final dir on object stores)."""
+
+    def __init__(self, fs: StoreFS, header: StoreHeader, *, shard_id: str, worker: str,
+                 rel_dir: str) -> None:
+        self.fs, self.header, self.shard_id, self.worker, self.rel_dir = fs, header, shard_id, worker, rel_dir
+        self.codec = HIDDEN_CODECS[header.hidden_codec]
+        self.files: dict[str, dict[str, int]] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.num_tokens = 0
+        fs.makedirs(rel_dir)
+        self.arrays = {
+            name: ChunkedArrayWriter(self._sink, f"{ZARR_DIR}/{name}", dtype, shape, compression=comp,
+                                     attributes={"osprey_codec": header.hidden_codec
+                                                 if name.startswith(("hidden", "final_hidden")) else "raw"})
+            for name, (dtype, shape, comp) in stored_arrays(header).items()
+        }
+
+    def _sink(self, rel: str, data: bytes) -> None:
+        self.fs.write_bytes(f"{self.rel_dir}/{rel}", data)
+        self.files[rel] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+
+    def add(self, rec: SampleRecord) -> None:
+        T = int(len(rec.token_ids))
+        for suffix, part in self.codec.encode(rec.hidden_TLD).items():
+            self.arrays["hidden" + suffix].append(part)
+        self.arrays["topk_ids"].append(np.asarray(rec.topk_ids_TK, dtype=np.int32))
+        self.arrays["topk_logprobs"].append(np.asarray(rec.topk_logprobs_TK, dtype=np.float32))
+        if self.header.has_final_hidden:
+            fh = rec.final_hidden_TD
+            fh_T1D = fh.reshape(T, 1, -1)  # works for numpy and torch
+            for suffix, part in self.codec.encode(fh_T1D).items():
+                self.arrays["final_hidden" + suffix].append(part.reshape(T, *part.shape[2:]))
+        self.rows.append({
+            "sample_id": rec.sample_id, "domain": rec.domain, "source": rec.source,
+            "conversation": json.dumps(rec.conversation, ensure_ascii=False),
+            "token_ids": np.asarray(rec.token_ids, dtype=np.int32),
+            "loss_mask": np.asarray(rec.loss_mask).astype(bool),
+            "row_offset": self.num_tokens, "num_tokens": T,
+            "prompt_length": int(rec.prompt_length), "finish_reason": rec.finish_reason,
+        })
+        self.num_tokens += T
+
+    def finish(self) -> tuple[bytes, ShardInfo]:
+        """Write table, metadata and finally ``_COMMIT.json``; return its bytes and the ShardInfo."""
+        arrays_meta = {name: w.finish() for name, w in self.arrays.items()}
+        self._sink(f"{ZARR_DIR}/zarr.json", group_metadata({"osprey_shard": self.shard_id}))
+        cols = {name: [r[name] for r in self.rows] for name in TABLE_SCHEMA.names}
+        table = pa.table(cols, schema=TABLE_SCHEMA)
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        self._sink(TABLE_FILE, buf.getvalue())
+        commit = {
+            "format_version": FORMAT_VERSION, "shard_id": self.shard_id, "worker": self.worker,
+            "header_sha256": header_hash(self.header), "num_samples": len(self.rows),
+            "num_tokens": self.num_tokens, "arrays": arrays_meta, "files": self.files,
+        }
+        raw = json.dumps(commit, indent=1, sort_keys=True).encode()
+        self.fs.write_atomic(f"{self.rel_dir}/{COMMIT_FILE}", raw)
+        info = ShardInfo(
+            shard_id=self.shard_id, worker=self.worker, num_samples=len(self.rows),
+            num_tokens=self.num_tokens,
+            num_bytes=sum(f["bytes"] for f in self.files.values()) + len(raw),
+            commit_sha256=hashlib.sha256(raw).hexdigest(),
+        )
+        return raw, info
+
+
+def parse_commit(raw: bytes, *, where: str) -> dict[str, Any]:
+    """Parse a ``_COMMIT.json`` and check it against its schema."""
+    from schemas import validate
+
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreCorruptError(f"{where}: commit record is not valid JSON ({exc})") from None
+    try:
+        validate(doc, "store-shard-commit.v1.json", where=where)
+    except SchemaError as exc:
+        raise StoreCorruptError(str(exc)) from None
+    return doc
+
+
+def info_from_commit(raw: bytes, doc: dict[str, Any]) -> ShardInfo:
+    return ShardInfo(
+        shard_id=doc["shard_id"], worker=doc["worker"], num_samples=doc["num_samples"],
+        num_tokens=doc["num_tokens"],
+        num_bytes=sum(f["bytes"] for f in doc["files"].values()) + len(raw),
+        commit_sha256=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+class ShardHandle:
+    """Read access to one committed shard; every byte read is checked against _COMMIT.json."""
+
+    def __init__(self, fs: StoreFS, header: StoreHeader, info: ShardInfo) -> None:
+        self.fs, self.header, self.info = fs, header, info
+        self.rel_dir = f"shards/{info.shard_id}"
+        self.where = fs.where(self.rel_dir)
+        try:
+            raw = fs.read_bytes(f"{self.rel_dir}/{COMMIT_FILE}")
+        except StoreNotFoundError:
+            raise StoreCorruptError(f"{self.where}: listed in manifest.json but its {COMMIT_FILE} "
+                                    "is missing (shard deleted or never finished)") from None
+        if hashlib.sha256(raw).hexdigest() != info.commit_sha256:
+            raise StoreCorruptError(f"{self.where}/{COMMIT_FILE}: sha256 differs from manifest.json "
+                                    "(the shard was modified or replaced)")
+        self.commit = parse_commit(raw, where=f"{self.where}/{COMMIT_FILE}")
+        if self.commit["header_sha256"] != header_hash(header):
+            raise ManifestMismatchError(f"{self.where}: shard was written for a different target or "
+                                        "build config than this store's manifest")
+        expected = stored_arrays(header)
+        for name, (dtype, shape, comp) in expected.items():
+            meta = self.commit["arrays"].get(name)
+            if (meta is None or meta["dtype"] != dtype or tuple(meta["shape"][1:]) != tuple(shape)
+                    or meta["shape"][0] != info.num_tokens or meta.get("compression") != comp):
+                raise StoreCorruptError(f"{self.where}: array {name} is {meta}, expected dtype {dtype} "
+                                        f"shape ({info.num_tokens}, {', '.join(map(str, shape))})")
+        self._table: pa.Table | None = None
+        self._rows: dict[str, Any] | None = None
+        self._readers: dict[str, ChunkedArrayReader] = {}
+
+    def _read(self, rel: str) -> bytes:
+        return self.fs.read_bytes(f"{self.rel_dir}/{rel}")
+
+    def reader(self, name: str) -> ChunkedArrayReader:
+        r = self._readers.get(name)
+        if r is None:
+            r = ChunkedArrayReader(self._read, f"{ZARR_DIR}/{name}", self.commit["arrays"][name],
+                                   self.commit["files"], where=self.where)
+            self._readers[name] = r
+        return r
+
+    def table(self) -> pa.Table:
+        if self._table is None:
+            data = self.reader("topk_ids").read_verified(TABLE_FILE)
+            try:
+                t = pq.read_table(io.BytesIO(data))
+            except Exception as exc:  # pyarrow raises several types on damaged files
+                raise StoreCorruptError(f"{self.where}/{TABLE_FILE}: unreadable ({exc})") from None
+            if t.num_rows != self.info.num_samples or not t.schema.equals(TABLE_SCHEMA):
+                raise StoreCorruptError(f"{self.where}/{TABLE_FILE}: {t.num_rows} rows / schema "
+                                        f"mismatch, expected {self.info.num_samples} samples")
+            self._table = t
+        return self._table
+
+    def row(self, j: int) -> dict[str, Any]:
+        """Table row ``j`` with token_ids / loss_mask as numpy arrays (no Python lists)."""
+        if self._rows is None:
+            t = self.table()
+            tok = t.column("token_ids").combine_chunks()
+            mask = t.column("loss_mask").combine_chunks()
+            self._rows = {
+                "scalars": t.drop_columns(["token_ids", "loss_mask"]).to_pylist(),
+                "tok_flat": tok.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+                "tok_off": tok.offsets.to_numpy(),
+                "mask_flat": mask.values.to_numpy(zero_copy_only=False).astype(bool, copy=False),
+                "mask_off": mask.offsets.to_numpy(),
+            }
+        r = self._rows
+        out = dict(r["scalars"][j])
+        out["token_ids"] = r["tok_flat"][r["tok_off"][j]: r["tok_off"][j + 1]].copy()
+        out["loss_mask"] = r["mask_flat"][r["mask_off"][j]: r["mask_off"][j + 1]].copy()
+        return out
+
+    def decode_hidden(self, name: str, start: int, stop: int, *, as_torch: bool) -> Any:
+        codec = HIDDEN_CODECS[self.header.hidden_codec]
+        parts = {}
+        for suffix_name in self.commit["arrays"]:
+            if suffix_name == name or suffix_name.startswith(name + "_"):
+                # codecs never modify their inputs, so the cached chunk can be used directly
+                part = self.reader(suffix_name).read_rows(start, stop, copy=False)
+                parts[suffix_name[len(name):]] = part[:, None] if name == "final_hidden" else part
+        out = codec.decode_torch(parts) if as_torch else codec.decode(parts)
+        return out[:, 0] if name == "final_hidden" else out
