@@ -1,0 +1,84 @@
+"""Export drafters for serving: ``hf`` (Osprey's own format), ``sglang`` and ``vllm`` layouts.
+
+``EXPORTERS`` maps a format name to (writer, reader); ``run(ExportConfig)`` is what
+``osprey export`` calls. ``sglang_model`` (the SGLang external model class for the Osprey drafter)
+is imported only by SGLang itself, never from here, so this package imports without SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from osprey_data.errors import ConfigError
+
+__all__ = ["ExportConfig", "ExportResult", "run", "EXPORTERS", "load_export"]
+
+
+def _exporters() -> dict[str, tuple[Callable, Callable]]:
+    from osprey_train.export.hf import read_hf, write_hf
+    from osprey_train.export.sglang import read_sglang, write_sglang
+    from osprey_train.export.vllm import read_vllm, write_vllm
+
+    return {"hf": (write_hf, read_hf), "sglang": (write_sglang, read_sglang), "vllm": (write_vllm, read_vllm)}
+
+
+EXPORTERS = _exporters()
+
+
+@dataclass(kw_only=True)
+class ExportConfig:
+    """Options of ``osprey export``."""
+
+    drafter: Path
+    """Drafter folder (``osprey-drafter`` config.json + model.safetensors)."""
+    format: str
+    """'hf', 'sglang' or 'vllm'."""
+    out: Path
+    """Output folder."""
+    dtype: str = "float32"
+    """Weights dtype of the export: float32 (lossless), bfloat16 or float16."""
+    overwrite: bool = False
+    """Replace ``out`` if it exists."""
+
+    def __post_init__(self) -> None:
+        from osprey_train.export.common import DTYPES
+
+        self.drafter, self.out = Path(self.drafter), Path(self.out)
+        if self.format not in EXPORTERS:
+            raise ConfigError(f"export: --format must be one of {sorted(EXPORTERS)}, got {self.format!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"export: --dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.out.resolve() == self.drafter.resolve():
+            raise ConfigError("export: --out must differ from --drafter")
+
+
+@dataclass(kw_only=True)
+class ExportResult:
+    """What export wrote."""
+
+    out: Path
+    """The exported folder."""
+    arch: str
+    """'osprey' or 'eagle3'."""
+    format: str
+    """The format written."""
+
+
+def run(config: ExportConfig) -> ExportResult:
+    """Load the drafter and write it in ``config.format``."""
+    from osprey_train.export.common import DTYPES
+    from osprey_train.models.io import load_drafter
+
+    model = load_drafter(config.drafter)
+    writer, _ = EXPORTERS[config.format]
+    writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite)
+    return ExportResult(out=config.out, arch=model.config.arch, format=config.format)
+
+
+def load_export(path: str | Path, format: str):
+    """Read an export back into a Drafter (round-trip checks)."""
+    if format not in EXPORTERS:
+        raise ConfigError(f"unknown export format {format!r}; known: {sorted(EXPORTERS)}")
+    return EXPORTERS[format][1](Path(path))

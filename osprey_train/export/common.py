@@ -1,0 +1,116 @@
+"""Shared pieces of the exporters: dtypes, tap-id conventions, atomic folder writing, side files.
+
+Legend: V target vocab, Vd draft vocab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from osprey_data.errors import CheckpointError, ConfigError
+
+__all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
+           "t2d_mask", "tap_layers", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Files next to a drafter that travel with every export (tokenizer of the target, stats).
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+              "vocab.json", "merges.txt", "tokenizer.model", "alignment_stats.json", "draft_vocab.json")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32 etc."""
+    return str(dtype).removeprefix("torch.")
+
+
+def offset_d2t(draft_to_target_Vd: torch.Tensor) -> torch.Tensor:
+    """Engine d2t: target_id = draft_id + d2t[draft_id] (SGLang hot_token_id, vLLM draft_id_to_target_id)."""
+    ids = draft_to_target_Vd.to(torch.long)
+    return ids - torch.arange(ids.shape[0], dtype=torch.long)
+
+
+def absolute_d2t(offset_Vd: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`offset_d2t`."""
+    return offset_Vd.to(torch.long) + torch.arange(offset_Vd.shape[0], dtype=torch.long)
+
+
+def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Engine t2d: bool (V,), True where a target token has a draft id."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[draft_to_target_Vd.to(torch.long)] = True
+    return mask
+
+
+def tap_layers(config: Any) -> Any:
+    """The drafter's TapLayers (store class), for its engine-convention converters."""
+    from osprey_data.store import TapLayers
+
+    return TapLayers.from_dict(config.tap_layers)
+
+
+def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors file (contiguous CPU tensors), metadata format=pt as the engines expect."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path),
+              metadata={"format": "pt"})
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file; a damaged/missing file is a CheckpointError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from None
+
+
+def read_json(path: Path) -> dict:
+    """Parse a JSON file with a CheckpointError naming file and line on failure."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+
+
+def copy_side_files(src: Path | None, dst: Path) -> list[str]:
+    """Copy tokenizer / stats files that exist next to the source drafter."""
+    copied = []
+    if src is None:
+        return copied
+    for name in SIDE_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def write_folder(out: Path, fill: Callable[[Path], None], *, overwrite: bool) -> Path:
+    """Create ``out`` by calling ``fill(tmp_dir)`` and renaming tmp_dir into place."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"export: output folder {out} exists; pass --overwrite or choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

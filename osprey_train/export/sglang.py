@@ -1,0 +1,130 @@
+"""``--format sglang``: checkpoints SGLang loads as the draft model of ``--speculative-algorithm EAGLE3``.
+
+EAGLE-3 baseline -> SGLang's stock ``LlamaForCausalLMEagle3`` (python/sglang/srt/models/llama_eagle3.py):
+
+- tensors ``embed_tokens.weight``, ``fc.weight`` (Linear(3*Dt -> D)), ``midlayer.*`` (q/k/v_proj with
+  2D inputs [norm(embed); norm(hidden)], o_proj, gate/up/down_proj, input_layernorm, hidden_norm,
+  post_attention_layernorm), ``norm.weight``, ``lm_head.weight`` (Vd rows), ``d2t`` (int64 OFFSETS:
+  SGLang's loader sets ``hot_token_id = d2t + arange(Vd)``, i.e. target_id = draft_id + d2t[draft_id]),
+  ``t2d`` (bool (V,), ignored by SGLang, kept for other tools);
+- config: a LlamaConfig (``model_type: llama``, ``architectures: [LlamaForCausalLMEagle3]``,
+  ``num_hidden_layers: 1``, ``vocab_size`` = target vocab, ``tie_word_embeddings: false``) plus
+  ``draft_vocab_size``, ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  in SGLang's convention (SGLang adds 1 and captures the input of that layer, so id j = output of
+  decoder layer j = HF hidden_states[j+1]; ``TapLayers.to_sglang``).
+
+Osprey drafter -> the same kind of folder with ``architectures: [OspreyDrafterForCausalLM]``, served
+by the external model class in ``osprey_train/export/sglang_model.py`` (set
+``SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.export``). Tensor names are the Osprey drafter's own
+(``model.layers.i.*``, ``w_c.weight``, ...); the DrafterConfig travels under ``osprey_drafter``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from osprey_data.errors import CheckpointError
+from osprey_train.export.common import (absolute_d2t, copy_side_files, dtype_name, load_tensors, offset_d2t,
+                                        read_json, save_tensors, t2d_mask, tap_layers, write_folder)
+from osprey_train.models.base import Drafter
+from osprey_train.models.config import DrafterConfig
+
+__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "OSPREY_SGLANG_ARCH", "EAGLE3_SGLANG_ARCH"]
+
+EAGLE3_SGLANG_ARCH = "LlamaForCausalLMEagle3"
+OSPREY_SGLANG_ARCH = "OspreyDrafterForCausalLM"
+WEIGHTS = "model.safetensors"
+
+
+def llama_layer_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """HF LlamaConfig keys describing the drafter's layers (transformers 4.x style rope keys)."""
+    doc = {
+        "model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "attention_bias": cfg.attention_bias,
+        "mlp_bias": False, "vocab_size": cfg.vocab_size, "tie_word_embeddings": False,
+        "torch_dtype": dtype_name(dtype),
+    }
+    return doc
+
+
+def _eagle3_state(model: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    state = {k: v.to(dtype) for k, v in model.state_dict().items() if k != "d2t"}
+    state["d2t"] = offset_d2t(model.draft_to_target)
+    state["t2d"] = t2d_mask(model.draft_to_target, model.config.vocab_size)
+    return state
+
+
+def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None,
+                 overwrite: bool) -> Path:
+    """Write ``model`` in the layout SGLang loads (see module docstring)."""
+    cfg = model.config
+    taps = tap_layers(cfg)
+    doc = llama_layer_config(cfg, dtype)
+    doc["target_hidden_size"] = cfg.target_hidden_size
+    doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": taps.to_sglang(), "use_aux_hidden_state": True}
+    doc["osprey_target"] = cfg.target  # provenance: which target (and tokenizer) this drafter serves
+    if cfg.arch == "eagle3":
+        doc.update(architectures=[EAGLE3_SGLANG_ARCH], draft_vocab_size=cfg.draft_vocab_size)
+        state = _eagle3_state(model, dtype)
+    else:
+        doc.update(architectures=[OSPREY_SGLANG_ARCH], draft_vocab_size=cfg.vocab_size,
+                   osprey_drafter=cfg.to_dict())
+        state = {k: v.to(dtype) for k, v in model.state_dict().items()}
+
+    def fill(tmp: Path) -> None:
+        save_tensors(state, tmp / WEIGHTS)
+        (tmp / "config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        copy_side_files(source_dir, tmp)
+
+    return write_folder(out, fill, overwrite=overwrite)
+
+
+def _config_from_llama(doc: dict, *, where: Path) -> DrafterConfig:
+    try:
+        ids = doc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        return DrafterConfig(
+            arch="eagle3", family="llama", num_layers=1, hidden_size=doc["hidden_size"],
+            intermediate_size=doc["intermediate_size"], num_attention_heads=doc["num_attention_heads"],
+            num_key_value_heads=doc["num_key_value_heads"], head_dim=doc["head_dim"],
+            rms_norm_eps=doc["rms_norm_eps"], rope_theta=doc["rope_theta"], rope_scaling=doc.get("rope_scaling"),
+            max_position_embeddings=doc["max_position_embeddings"], vocab_size=doc["vocab_size"],
+            draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
+            num_taps=len(ids), tap_layers={"layer_ids": [i + 1 for i in ids], "convention": "hf_hidden_states"},
+            target=doc.get("osprey_target"),
+        )
+    except KeyError as exc:
+        raise CheckpointError(f"{where}: config.json lacks {exc}; not an EAGLE-3 SGLang checkpoint") from None
+
+
+def read_sglang(path: Path) -> Drafter:
+    """Load an SGLang-layout export back into an Osprey drafter object (for checks / round trips)."""
+    from osprey_train.models.io import build_drafter
+
+    path = Path(path)
+    doc = read_json(path / "config.json")
+    state = load_tensors(path / WEIGHTS)
+    arch = (doc.get("architectures") or [None])[0]
+    if arch == OSPREY_SGLANG_ARCH:
+        config = DrafterConfig.from_dict(doc["osprey_drafter"])
+    elif arch == EAGLE3_SGLANG_ARCH:
+        config = _config_from_llama(doc, where=path / "config.json")
+        state["d2t"] = absolute_d2t(state["d2t"])
+        state.pop("t2d", None)
+    else:
+        raise CheckpointError(f"{path / 'config.json'}: architectures {doc.get('architectures')} is not an "
+                              f"Osprey SGLang export ({EAGLE3_SGLANG_ARCH} or {OSPREY_SGLANG_ARCH})")
+    model = build_drafter(config)
+    dtype = next(v.dtype for k, v in state.items() if v.is_floating_point())
+    model.to(dtype)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path / WEIGHTS}: tensors do not match config.json: {exc}") from None
+    return model.eval()

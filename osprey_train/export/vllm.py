@@ -1,0 +1,118 @@
+"""``--format vllm``: the EAGLE-3 baseline in the speculators format vLLM loads natively.
+
+vLLM (``vllm serve TARGET --speculative-config '{"model": DIR, ...}'``, or ``vllm serve DIR``)
+recognises ``speculators_model_type: eagle3`` and builds ``Eagle3LlamaForCausalLM`` from
+``transformer_layer_config`` plus the top-level keys (vllm/transformers_utils/configs/speculators):
+
+- ``draft_vocab_size``, ``target_hidden_size``;
+- ``norm_before_residual: false`` — must be explicit: vLLM defaults it to TRUE when absent, while
+  this drafter keeps the un-normed hidden state as the residual (EAGLE-3 / SGLang semantics);
+- ``eagle_aux_hidden_state_layer_ids`` in vLLM's convention: vLLM captures ``hidden + residual``
+  BEFORE running layer idx, i.e. HF hidden_states[idx]: the same numbers as Osprey's taps;
+- ``speculators_config``: algorithm, proposal_methods (greedy, ``speculative_tokens``), verifier.
+
+Tensors: ``embed_tokens.weight``, ``fc.weight``, ``layers.0.*`` (speculators naming of the single
+layer), ``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 offsets: vLLM computes
+``targets = arange(Vd) + d2t``), ``t2d`` (bool (V,), skipped by vLLM).
+
+The Osprey drafter (N conditioned layers) has no vLLM implementation; exporting it to vllm is a
+ConfigError pointing to ``--format sglang`` / ``hf``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from osprey_data.errors import CheckpointError, ConfigError
+from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
+                                        save_tensors, t2d_mask, tap_layers, write_folder)
+from osprey_train.export.sglang import llama_layer_config
+from osprey_train.models.base import Drafter
+from osprey_train.models.config import DrafterConfig
+
+__all__ = ["write_vllm", "read_vllm", "SPECULATORS_VERSION"]
+
+SPECULATORS_VERSION = "0.3.0"
+# Target model_type -> HF architecture named in speculators_config.verifier (informational).
+_VERIFIER_ARCH = {"llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"], "qwen3": ["Qwen3ForCausalLM"],
+                  "gemma3_text": ["Gemma3ForCausalLM"], "mistral": ["MistralForCausalLM"]}
+WEIGHTS = "model.safetensors"
+
+
+def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
+               speculative_tokens: int = 3) -> Path:
+    """Write the EAGLE-3 drafter ``model`` in speculators format."""
+    cfg = model.config
+    if cfg.arch != "eagle3":
+        raise ConfigError("export: vLLM has no model class for the Osprey drafter (N layers conditioned on the "
+                          "target in every layer); use --format sglang (with the shipped external model class) "
+                          "or --format hf")
+    target = cfg.target or {}
+    doc = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": {**llama_layer_config(cfg, dtype), "architectures": ["LlamaForCausalLM"]},
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": tap_layers(cfg).to_vllm(),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": target.get("name_or_path"),
+                         "architectures": _VERIFIER_ARCH.get(target.get("model_type"), [])},
+        },
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "osprey_target": cfg.target,  # provenance: which target (and tokenizer) this drafter serves
+    }
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name == "d2t":
+            continue
+        state[name.replace("midlayer.", "layers.0.", 1)] = tensor.to(dtype)
+    state["d2t"] = offset_d2t(model.draft_to_target)
+    state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
+
+    def fill(tmp: Path) -> None:
+        save_tensors(state, tmp / WEIGHTS)
+        (tmp / "config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        copy_side_files(source_dir, tmp)
+
+    return write_folder(out, fill, overwrite=overwrite)
+
+
+def read_vllm(path: Path) -> Drafter:
+    """Load a speculators-format EAGLE-3 export back into an Eagle3Drafter."""
+    from osprey_train.models.io import build_drafter
+
+    path = Path(path)
+    doc = read_json(path / "config.json")
+    if doc.get("speculators_model_type") != "eagle3":
+        raise CheckpointError(f"{path / 'config.json'}: not a speculators eagle3 checkpoint")
+    layer = doc["transformer_layer_config"]
+    ids = doc["eagle_aux_hidden_state_layer_ids"]
+    config = DrafterConfig(
+        arch="eagle3", family="llama", num_layers=1, hidden_size=layer["hidden_size"],
+        intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
+        num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
+        rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"], rope_scaling=layer.get("rope_scaling"),
+        max_position_embeddings=layer["max_position_embeddings"], vocab_size=layer["vocab_size"],
+        draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
+        num_taps=len(ids), tap_layers={"layer_ids": list(ids), "convention": "hf_hidden_states"},
+        target=doc.get("osprey_target"),
+    )
+    raw = load_tensors(path / WEIGHTS)
+    state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in raw.items() if k != "t2d"}
+    state["d2t"] = absolute_d2t(state["d2t"])
+    model = build_drafter(config)
+    model.to(next(v.dtype for v in state.values() if v.is_floating_point()))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path / WEIGHTS}: tensors do not match config.json: {exc}") from None
+    return model.eval()

@@ -1,0 +1,95 @@
+"""The common base of every drafter: what the trainer, evaluator and live decoder rely on.
+
+A drafter turns the target's tapped hidden states into a condition (``fuse_taps``), runs one
+draft step over a block of tokens (``forward_hidden``, returning the last layer's output before
+the final norm so that Training-Time Test can feed it back as the next condition), and maps a
+hidden state to logits over its draft vocabulary (``head_input`` + ``lm_head``).
+
+Legend: B batch, T tokens, L taps, Dt target hidden, D drafter hidden, V draft vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from osprey_data.errors import ModelError
+from osprey_train.models.attention import AttentionBackend, CausalAttention
+from osprey_train.models.config import DrafterConfig
+
+__all__ = ["Drafter"]
+
+
+class Drafter(nn.Module):
+    """Base class of OspreyDrafter and Eagle3Drafter (see interfaces.md section 2)."""
+
+    config: DrafterConfig
+    lm_head: nn.Linear
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    # -- subclasses provide these ------------------------------------------------------
+    def taps_projection(self) -> nn.Linear:
+        """The Linear(num_taps * Dt -> D) that fuses the taps (W_c / fc)."""
+        raise NotImplementedError
+
+    def final_norm(self) -> nn.Module:
+        """The norm applied before the LM head."""
+        raise NotImplementedError
+
+    def forward_hidden(self, input_ids_BT: torch.Tensor, cond_BTD: torch.Tensor,
+                       position_ids_BT: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        """One draft step; returns the last layer's output (B, T, D) before the final norm."""
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------
+    @property
+    def draft_to_target(self) -> torch.Tensor | None:
+        """Draft id -> target id (LongTensor (V_draft,)) when the draft vocab is a subset, else None."""
+        return None
+
+    def fuse_taps(self, taps_BTLDt: torch.Tensor) -> torch.Tensor:
+        """Project the concatenated target taps (B, T, L, Dt) to the condition (B, T, D)."""
+        cfg = self.config
+        if taps_BTLDt.shape[-2:] != (cfg.num_taps, cfg.target_hidden_size):
+            raise ModelError(
+                f"fuse_taps: taps have shape {tuple(taps_BTLDt.shape)}; this drafter expects "
+                f"(..., {cfg.num_taps}, {cfg.target_hidden_size}) (num_taps, target_hidden_size)"
+            )
+        proj = self.taps_projection()
+        flat = taps_BTLDt.reshape(*taps_BTLDt.shape[:-2], cfg.taps_width).to(proj.weight.dtype)
+        return proj(flat)
+
+    def head_input(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        """The final norm: what the LM head reads."""
+        return self.final_norm()(hidden_BTD)
+
+    def logits(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (B, T, V_draft)."""
+        return self.lm_head(self.head_input(hidden_BTD))
+
+    def forward(self, input_ids_BT: torch.Tensor, cond_BTD: torch.Tensor,
+                position_ids_BT: torch.Tensor | None = None,
+                attention: AttentionBackend | None = None) -> torch.Tensor:
+        """Convenience: logits of one causal draft step (positions 0..T-1 when not given)."""
+        if position_ids_BT is None:
+            position_ids_BT = torch.arange(input_ids_BT.shape[1], device=input_ids_BT.device)
+            position_ids_BT = position_ids_BT[None].expand_as(input_ids_BT)
+        hidden = self.forward_hidden(input_ids_BT, cond_BTD, position_ids_BT,
+                                     attention if attention is not None else CausalAttention())
+        return self.logits(hidden)
+
+    def _check_inputs(self, input_ids_BT: torch.Tensor, cond_BTD: torch.Tensor,
+                      position_ids_BT: torch.Tensor) -> None:
+        if input_ids_BT.dim() != 2:
+            raise ModelError(f"forward_hidden: input_ids must be (B, T), got shape {tuple(input_ids_BT.shape)}")
+        expected = (*input_ids_BT.shape, self.config.hidden_size)
+        if tuple(cond_BTD.shape) != expected:
+            raise ModelError(f"forward_hidden: cond has shape {tuple(cond_BTD.shape)}, expected {expected}")
+        if tuple(position_ids_BT.shape) != tuple(input_ids_BT.shape):
+            raise ModelError(
+                f"forward_hidden: position_ids has shape {tuple(position_ids_BT.shape)}, "
+                f"input_ids has {tuple(input_ids_BT.shape)}"
+            )

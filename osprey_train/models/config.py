@@ -1,0 +1,194 @@
+"""Configuration of a drafter (Osprey or EAGLE-3): one frozen dataclass, JSON round-trip, presets.
+
+The config is what ``config.json`` of a drafter checkpoint holds (see
+``schemas/drafter-config.v1.json``). It describes the drafter body in the source family's terms
+(Llama / Qwen2 / Qwen3 decoder layers), the target it serves (vocabulary, hidden size, tap
+layers, identity) and the architecture (``osprey``: N conditioned layers; ``eagle3``: one layer
+reading [embedding; fused taps]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from osprey_data.errors import ConfigError
+
+__all__ = ["DrafterConfig", "ARCHS", "FAMILIES", "PRESETS", "ROPE_TYPES"]
+
+ARCHS = ("osprey", "eagle3")
+FAMILIES = ("llama", "qwen2", "qwen3")
+# rope_scaling["rope_type"] values the re-implemented rotary embedding supports (see layers.py).
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterConfig:
+    """Shape, family, target and tap layers of one drafter."""
+
+    arch: str = "osprey"
+    """'osprey' (N source-family layers, cond fed to every layer) or 'eagle3' (one layer)."""
+    family: str = "llama"
+    """Decoder family the layers re-implement: 'llama', 'qwen2' (qkv bias) or 'qwen3' (q/k norm)."""
+    num_layers: int = 2
+    """Number of decoder layers (eagle3: exactly 1)."""
+    hidden_size: int = 64
+    """Drafter hidden size D."""
+    intermediate_size: int = 128
+    """SwiGLU MLP inner size."""
+    num_attention_heads: int = 4
+    """Query heads H."""
+    num_key_value_heads: int = 2
+    """Key/value heads (GQA); divides num_attention_heads."""
+    head_dim: int = 16
+    """Per-head size d."""
+    rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+    rope_theta: float = 10000.0
+    """Rotary base."""
+    rope_scaling: dict | None = None
+    """HF-style rotary scaling dict with 'rope_type' (linear/dynamic/llama3/yarn) or None."""
+    max_position_embeddings: int = 2048
+    """Original context length (used by dynamic/yarn/llama3 scaling)."""
+    attention_bias: bool = False
+    """Bias on q/k/v projections (always on for qwen2; o_proj gets one for llama/qwen3 too)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on q and k before rotary (Qwen3)."""
+    vocab_size: int = 384
+    """TARGET vocabulary size (embedding rows; lm_head rows for osprey)."""
+    draft_vocab_size: int = 384
+    """LM head rows: == vocab_size for osprey, top-N draft vocabulary for eagle3."""
+    target_hidden_size: int = 64
+    """Hidden size Dt of the target model's tapped states."""
+    num_taps: int = 3
+    """Number L of tapped target layers concatenated into fuse_taps's input."""
+    tap_layers: dict = field(default_factory=lambda: {"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"})
+    """TapLayers as a dict: {'layer_ids': [...], 'convention': 'hf_hidden_states'}."""
+    target: dict | None = None
+    """TargetIdentity as a dict (name_or_path, model_type, hashes, sizes), or None if unknown."""
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ConfigError(f"drafter arch {self.arch!r} is not one of {ARCHS}")
+        if self.family not in FAMILIES:
+            raise ConfigError(f"drafter family {self.family!r} is not one of {FAMILIES}")
+        for name in ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size",
+                     "target_hidden_size", "num_taps", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"drafter config: {name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"drafter config: num_attention_heads={self.num_attention_heads} is not a multiple "
+                f"of num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"drafter config: head_dim must be even for rotary, got {self.head_dim}")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ConfigError(
+                f"drafter config: draft_vocab_size={self.draft_vocab_size} exceeds the target "
+                f"vocab_size={self.vocab_size}"
+            )
+        if self.arch == "osprey" and self.draft_vocab_size != self.vocab_size:
+            raise ConfigError("drafter config: an osprey drafter predicts the full target vocabulary; "
+                              "set draft_vocab_size == vocab_size")
+        if self.arch == "eagle3":
+            if self.num_layers != 1:
+                raise ConfigError(f"drafter config: eagle3 has exactly one layer, got num_layers={self.num_layers}")
+            if self.family != "llama" or self.qk_norm:
+                raise ConfigError("drafter config: eagle3 uses a Llama-style layer (family 'llama', no qk_norm)")
+        if self.family == "qwen3" and not self.qk_norm:
+            raise ConfigError("drafter config: family 'qwen3' needs qk_norm=True")
+        if self.family != "qwen3" and self.qk_norm:
+            raise ConfigError(f"drafter config: qk_norm is a qwen3 feature, family is {self.family!r}")
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            # Normalise legacy {"type": ...} dicts (transformers 4.x) to the "rope_type" key.
+            object.__setattr__(self, "rope_scaling", {**{k: v for k, v in self.rope_scaling.items() if k != "type"},
+                                                      "rope_type": rope_type})
+            if rope_type not in ROPE_TYPES:
+                raise ConfigError(
+                    f"drafter config: rope_scaling type {rope_type!r} is not supported; known: {ROPE_TYPES}"
+                )
+        ids = self.tap_layers.get("layer_ids") if isinstance(self.tap_layers, dict) else None
+        if not isinstance(ids, (list, tuple)) or len(ids) != self.num_taps:
+            raise ConfigError(
+                f"drafter config: tap_layers.layer_ids must list num_taps={self.num_taps} layers, "
+                f"got {self.tap_layers!r}"
+            )
+        # Normalise to plain JSON types so that to_dict() round-trips exactly.
+        object.__setattr__(self, "tap_layers", {
+            "layer_ids": [int(i) for i in ids],
+            "convention": str(self.tap_layers.get("convention", "hf_hidden_states")),
+        })
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def taps_width(self) -> int:
+        """Input width of fuse_taps: num_taps * target_hidden_size."""
+        return self.num_taps * self.target_hidden_size
+
+    @property
+    def o_proj_bias(self) -> bool:
+        """Llama and Qwen3 put attention_bias on o_proj too; Qwen2 never does."""
+        return self.attention_bias and self.family != "qwen2"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Qwen2 always has q/k/v bias; the others follow attention_bias."""
+        return self.family == "qwen2" or self.attention_bias
+
+    # ------------------------------------------------------------------ io
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dict of every field (what config.json stores, minus format keys)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DrafterConfig":
+        """Build from ``to_dict()`` output; unknown keys raise ConfigError (catches typos)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"drafter config: unknown field(s) {unknown}; known: {sorted(names)}")
+        return cls(**data)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "DrafterConfig":
+        """A preset by name (see PRESETS), with optional field overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"no drafter preset {name!r}; known: {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def replace(self, **changes: Any) -> "DrafterConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+# Presets: "tiny" matches the tiny test fixtures (d=64 Llama with the 384-token tokenizer and a
+# d=64 target tapped at [2, 3, 4]); the others are the usual shapes for quick experiments.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(arch="osprey", family="llama", num_layers=2, hidden_size=64, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=384,
+                 draft_vocab_size=384, target_hidden_size=64, num_taps=3,
+                 tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}),
+    "tiny-qwen3": dict(arch="osprey", family="qwen3", qk_norm=True, num_layers=2, hidden_size=64,
+                       intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, vocab_size=384, draft_vocab_size=384, target_hidden_size=64,
+                       num_taps=3, tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}),
+    "tiny-eagle3": dict(arch="eagle3", family="llama", num_layers=1, hidden_size=64,
+                        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, vocab_size=384, draft_vocab_size=128, target_hidden_size=64,
+                        num_taps=3, tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}),
+}

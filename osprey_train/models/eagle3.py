@@ -1,0 +1,113 @@
+"""The EAGLE-3 baseline drafter: one Llama layer reading [norm(embedding) ; norm(condition)].
+
+Mirrors the layer SGLang's ``LlamaForCausalLMEagle3`` and vLLM's ``Eagle3LlamaForCausalLM`` run,
+so the export is a renaming, not a re-computation:
+
+    residual = cond
+    h = residual + attn([input_layernorm(embed(ids)) ; hidden_norm(cond)])   # q/k/v: (out, 2D)
+    h = h + mlp(post_attention_layernorm(h))                                 # returned (pre-norm)
+    logits = lm_head(norm(h))                                                # draft vocabulary
+
+``fc`` (Linear(num_taps * Dt -> D), no bias) fuses the target taps. The embedding is over the
+full target vocabulary and frozen (copied from the target). The LM head covers a draft vocabulary
+of ``draft_vocab_size`` target tokens; ``draft_to_target`` maps draft ids to target ids.
+
+Legend: B batch, T tokens, D hidden, V target vocab, Vd draft vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from osprey_data.errors import ModelError
+from osprey_train.models.attention import AttentionBackend
+from osprey_train.models.base import Drafter
+from osprey_train.models.config import DrafterConfig
+from osprey_train.models.layers import ConditionedAttention, RMSNorm, RotaryEmbedding, SwiGLUMLP
+
+__all__ = ["Eagle3Drafter", "Eagle3Layer"]
+
+
+class Eagle3Layer(nn.Module):
+    """The single EAGLE-3 decoder layer (names as in the engines' ``midlayer``)."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = ConditionedAttention(config, cond_width=config.hidden_size)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config)
+
+    def forward(self, embeds_BTD: torch.Tensor, cond_BTD: torch.Tensor,
+                cos_sin: tuple[torch.Tensor, torch.Tensor], attention: AttentionBackend) -> torch.Tensor:
+        h_BTD = cond_BTD + self.self_attn(0, self.input_layernorm(embeds_BTD), self.hidden_norm(cond_BTD),
+                                          cos_sin, attention)
+        return h_BTD + self.mlp(self.post_attention_layernorm(h_BTD))
+
+
+class Eagle3Drafter(Drafter):
+    """EAGLE-3 baseline: frozen target embedding, one layer, draft-vocabulary LM head."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        if config.arch != "eagle3":
+            raise ModelError(f"Eagle3Drafter needs arch 'eagle3', got {config.arch!r}")
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # copied from the target, frozen
+        self.fc = nn.Linear(config.taps_width, config.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary_emb = RotaryEmbedding(config)
+        # Absolute draft id -> target id (the engines store the offset d2t = d2t_abs - arange).
+        self.register_buffer("d2t", torch.arange(config.draft_vocab_size, dtype=torch.long))
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Random init of everything (the embedding is overwritten from the target by convert)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, nn.Embedding):
+                with torch.no_grad():
+                    module.weight.normal_(std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        return self.d2t
+
+    @torch.no_grad()
+    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Install the draft vocabulary: strictly increasing target ids, one per LM-head row."""
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long)
+        cfg = self.config
+        if ids.shape != (cfg.draft_vocab_size,):
+            raise ModelError(f"draft vocabulary has {tuple(ids.shape)} ids, expected ({cfg.draft_vocab_size},)")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+            raise ModelError(f"draft vocabulary ids must lie in [0, {cfg.vocab_size})")
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ModelError("draft vocabulary ids must be strictly increasing (sorted, no duplicates)")
+        self.d2t.copy_(ids.to(self.d2t.device))
+
+    def target_to_draft_mask(self) -> torch.Tensor:
+        """t2d: bool (V,), True where the target token is in the draft vocabulary."""
+        mask = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
+        mask[self.d2t] = True
+        return mask
+
+    def taps_projection(self) -> nn.Linear:
+        return self.fc
+
+    def final_norm(self) -> nn.Module:
+        return self.norm
+
+    def forward_hidden(self, input_ids_BT: torch.Tensor, cond_BTD: torch.Tensor,
+                       position_ids_BT: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        self._check_inputs(input_ids_BT, cond_BTD, position_ids_BT)
+        embeds_BTD = self.embed_tokens(input_ids_BT)
+        cos_sin = self.rotary_emb(position_ids_BT, embeds_BTD.dtype)
+        return self.midlayer(embeds_BTD, cond_BTD.to(embeds_BTD.dtype), cos_sin, attention)

@@ -1,0 +1,146 @@
+"""Saving and loading drafter checkpoints: ``model.safetensors`` + ``config.json``, no pickle.
+
+``config.json`` is the DrafterConfig plus ``format: "osprey-drafter"`` and ``format_version: 1``
+and is validated against ``schemas/drafter-config.v1.json`` both ways. The folder is written under
+a temporary name and renamed into place, so a half-written checkpoint never looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from osprey_data.errors import CheckpointError
+from osprey_train.models.base import Drafter
+from osprey_train.models.config import DrafterConfig
+
+__all__ = ["save_drafter", "load_drafter", "build_drafter", "read_drafter_config", "DRAFTER_CLASSES",
+           "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT_NAME = "osprey-drafter"
+FORMAT_VERSION = 1
+SCHEMA = "drafter-config.v1.json"
+
+
+def _classes() -> dict[str, type[Drafter]]:
+    from osprey_train.models.eagle3 import Eagle3Drafter
+    from osprey_train.models.osprey import OspreyDrafter
+
+    return {"osprey": OspreyDrafter, "eagle3": Eagle3Drafter}
+
+
+DRAFTER_CLASSES = _classes()
+
+
+def build_drafter(config: DrafterConfig) -> Drafter:
+    """A randomly initialised drafter of ``config.arch``."""
+    return DRAFTER_CLASSES[config.arch](config)
+
+
+def config_document(config: DrafterConfig) -> dict:
+    """The config.json document for ``config``."""
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **config.to_dict()}
+
+
+def read_drafter_config(path: str | Path) -> DrafterConfig:
+    """Read and validate ``path``/config.json (or a config.json path)."""
+    from schemas import validate
+
+    path = Path(path)
+    file = path / CONFIG_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no drafter config.json here; is {path} a drafter checkpoint folder?")
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{file}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    if isinstance(doc, dict) and doc.get("format") != FORMAT_NAME:
+        raise CheckpointError(
+            f"{file}: format is {doc.get('format')!r}, not {FORMAT_NAME!r}; this is not an Osprey drafter "
+            "checkpoint (an HF model folder? convert it with `osprey train convert`)"
+        )
+    validate(doc, SCHEMA, where=str(file))
+    fields = {k: v for k, v in doc.items() if k not in ("format", "format_version")}
+    return DrafterConfig.from_dict(fields)
+
+
+def save_drafter(model: Drafter, out_dir: str | Path) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` into ``out_dir`` (replaced atomically)."""
+    from safetensors.torch import save_file
+
+    from schemas import validate
+
+    out_dir = Path(out_dir)
+    doc = config_document(model.config)
+    validate(doc, SCHEMA, where=f"{out_dir / CONFIG_FILE} (being written)")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if not out_dir.exists():
+        # Fresh folder: build it under a temporary name, then rename it into place.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "osprey": FORMAT_NAME})
+            (tmp / CONFIG_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, out_dir)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return out_dir
+    # Existing folder (other files such as a tokenizer or alignment stats stay): remove the old
+    # config first, so that until the new config lands the folder never looks complete.
+    (out_dir / CONFIG_FILE).unlink(missing_ok=True)
+    tmp_weights = out_dir / f".{WEIGHTS_FILE}.tmp"
+    save_file(state, str(tmp_weights), metadata={"format": "pt", "osprey": FORMAT_NAME})
+    os.replace(tmp_weights, out_dir / WEIGHTS_FILE)
+    tmp_config = out_dir / f".{CONFIG_FILE}.tmp"
+    tmp_config.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp_config, out_dir / CONFIG_FILE)
+    return out_dir
+
+
+def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> Drafter:
+    """Load a drafter folder written by :func:`save_drafter`; strict about missing/extra tensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = read_drafter_config(path)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: missing; the drafter checkpoint in {path} is incomplete")
+    try:
+        state = load_file(str(weights), device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{weights}: cannot read safetensors ({exc}); the file is damaged") from None
+    model = build_drafter(config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{weights}: tensors do not match the config in {path / CONFIG_FILE}: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{weights}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=True)
+    # Floating parameters take `dtype`; integer buffers (d2t) keep theirs.
+    model.to(device=device)
+    for module in model.modules():
+        for key, param in list(module._parameters.items()):
+            if param is not None and param.is_floating_point():
+                param.data = param.data.to(dtype)
+    return model.eval()

@@ -1,0 +1,197 @@
+"""Export: round trips (identical weights and outputs) and the engines' tensor-name / id conventions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from osprey_data.errors import ConfigError
+from osprey_train.export import ExportConfig, load_export, run
+from osprey_train.export.sglang_model import map_weight_name
+from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, save_drafter
+
+TARGET = {"name_or_path": "/models/target", "model_type": "llama", "config_hash": "c", "tokenizer_hash": "t",
+          "vocab_size": 384, "hidden_size": 64, "num_layers": 6, "dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    e3 = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET,
+                                               tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}))
+    e3.set_draft_vocab(torch.arange(5, 384, 2)[:128])
+    osp = OspreyDrafter(DrafterConfig.from_name("tiny-qwen3", target=TARGET, target_hidden_size=32))
+    save_drafter(e3, root / "eagle3")
+    save_drafter(osp, root / "osprey")
+    (root / "osprey" / "alignment_stats.json").write_text("{}")
+    return {"eagle3": (e3, root / "eagle3"), "osprey": (osp, root / "osprey")}
+
+
+def _outputs(model):
+    cfg = model.config
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, cfg.vocab_size, (2, 7), generator=g)
+    taps = torch.randn(2, 7, cfg.num_taps, cfg.target_hidden_size, generator=g)
+    with torch.no_grad():
+        h = model.forward_hidden(ids, model.fuse_taps(taps), torch.arange(7)[None].expand(2, 7), CausalAttention())
+        return model.logits(h)
+
+
+@pytest.mark.parametrize("arch,fmt", [("eagle3", "sglang"), ("eagle3", "vllm"), ("eagle3", "hf"),
+                                      ("osprey", "sglang"), ("osprey", "hf")])
+def test_round_trip_identical_weights_and_outputs(drafters, tmp_path, arch, fmt):
+    model, folder = drafters[arch]
+    result = run(ExportConfig(drafter=folder, format=fmt, out=tmp_path / fmt))
+    assert result.arch == arch
+    back = load_export(result.out, fmt)
+    assert type(back) is type(model) and back.config == model.config
+    a, b = model.state_dict(), back.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert torch.equal(_outputs(model), _outputs(back))
+    assert not list(tmp_path.glob(".*tmp*"))
+    # no pickle anywhere: only JSON and safetensors files
+    assert {p.suffix for p in result.out.iterdir()} <= {".json", ".safetensors"}
+
+
+def test_sglang_eagle3_layout_and_conventions(drafters, tmp_path):
+    from safetensors.torch import load_file
+
+    model, folder = drafters["eagle3"]
+    out = run(ExportConfig(drafter=folder, format="sglang", out=tmp_path / "s")).out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 1 and cfg["tie_word_embeddings"] is False
+    assert cfg["draft_vocab_size"] == 128 and cfg["vocab_size"] == 384 and cfg["target_hidden_size"] == 64
+    # SGLang adds 1 to these ids and captures the INPUT of that layer: HF hidden_states[i] -> i - 1
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    state = load_file(str(out / "model.safetensors"))
+    # d2t is an OFFSET: SGLang's hot_token_id = d2t + arange
+    assert torch.equal(state["d2t"] + torch.arange(128), model.draft_to_target)
+    assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == 128
+    # simulate SGLang's LlamaForCausalLMEagle3.load_weights naming (stacked qkv / gate_up, "model." prefix)
+    params = {"model.embed_tokens.weight", "model.fc.weight", "model.norm.weight", "lm_head.weight",
+              "model.midlayer.self_attn.qkv_proj.weight", "model.midlayer.self_attn.o_proj.weight",
+              "model.midlayer.mlp.gate_up_proj.weight", "model.midlayer.mlp.down_proj.weight",
+              "model.midlayer.input_layernorm.weight", "model.midlayer.hidden_norm.weight",
+              "model.midlayer.post_attention_layernorm.weight"}
+    loaded = set()
+    for name in state:
+        if "d2t" in name or "t2d" in name:
+            continue
+        mapped, _ = map_weight_name(name)
+        loaded.add(mapped if mapped in params else f"model.{mapped}")
+    assert loaded == params
+    assert state["midlayer.self_attn.q_proj.weight"].shape == (64, 128)  # reads [embed ; hidden]
+    assert state["fc.weight"].shape == (64, 3 * 64)
+
+
+def test_vllm_speculators_layout_and_conventions(drafters, tmp_path):
+    from safetensors.torch import load_file
+
+    model, folder = drafters["eagle3"]
+    out = run(ExportConfig(drafter=folder, format="vllm", out=tmp_path / "v", dtype="bfloat16")).out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["draft_vocab_size"] == 128
+    assert cfg["norm_before_residual"] is False  # vLLM defaults to True when absent
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]  # vLLM: input of layer idx = HF index
+    spec = cfg["speculators_config"]
+    assert spec["verifier"]["name_or_path"] == "/models/target" and spec["proposal_methods"][0]["speculative_tokens"]
+    layer = cfg["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == 384 and layer["torch_dtype"] == "bfloat16"
+    state = load_file(str(out / "model.safetensors"))
+    assert state["fc.weight"].dtype == torch.bfloat16 and state["d2t"].dtype == torch.long
+    assert torch.equal(torch.arange(128) + state["d2t"], model.draft_to_target)
+    # vLLM's Eagle3LlamaForCausalLM.load_weights naming
+    params = set()
+    for name in state:
+        if "t2d" in name:
+            continue
+        name = name.replace("d2t", "draft_id_to_target_id") if "d2t" in name else \
+            (name if "lm_head" in name else "model." + name)
+        params.add(map_weight_name(name)[0])
+    assert params == {"draft_id_to_target_id", "lm_head.weight", "model.embed_tokens.weight", "model.fc.weight",
+                      "model.norm.weight", "model.layers.0.self_attn.qkv_proj.weight",
+                      "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
+                      "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
+                      "model.layers.0.hidden_norm.weight", "model.layers.0.post_attention_layernorm.weight"}
+    # bf16 export reloads as the bf16 cast of the original
+    back = load_export(out, "vllm")
+    torch.testing.assert_close(back.fc.weight, model.fc.weight.to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_osprey_sglang_export_matches_external_class_names(drafters, tmp_path):
+    from safetensors.torch import load_file
+
+    model, folder = drafters["osprey"]
+    out = run(ExportConfig(drafter=folder, format="sglang", out=tmp_path / "o")).out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["OspreyDrafterForCausalLM"] and cfg["num_hidden_layers"] == 2
+    assert cfg["osprey_drafter"] == model.config.to_dict()
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert (out / "alignment_stats.json").exists()
+    state = load_file(str(out / "model.safetensors"))
+    mapped = {map_weight_name(n) for n in state}
+    names = {m for m, _ in mapped}
+    for i in range(2):
+        assert (f"model.layers.{i}.self_attn.qkv_proj.weight", "q") in mapped
+        assert (f"model.layers.{i}.mlp.gate_up_proj.weight", 1) in mapped
+        assert f"model.layers.{i}.cond_norm.weight" in names and f"model.layers.{i}.self_attn.q_norm.weight" in names
+    assert {"w_c.weight", "lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"} <= names
+
+
+def test_osprey_to_vllm_is_refused_and_options_checked(drafters, tmp_path):
+    _, folder = drafters["osprey"]
+    with pytest.raises(ConfigError, match="vLLM has no model class"):
+        run(ExportConfig(drafter=folder, format="vllm", out=tmp_path / "v"))
+    assert not (tmp_path / "v").exists()
+    with pytest.raises(ConfigError, match="--format"):
+        ExportConfig(drafter=folder, format="onnx", out=tmp_path / "x")
+    with pytest.raises(ConfigError, match="--dtype"):
+        ExportConfig(drafter=folder, format="hf", out=tmp_path / "x", dtype="int8")
+
+
+def test_cli_export(drafters, tmp_path):
+    from cli.main import cli
+
+    _, folder = drafters["eagle3"]
+    runner = CliRunner()
+    res = runner.invoke(cli, ["export", "--drafter", str(folder), "--format", "sglang", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "s" / "config.json").exists()
+    res = runner.invoke(cli, ["export", "--drafter", str(folder), "--format", "sglang", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "exists" in res.output
+    res = runner.invoke(cli, ["export", "--drafter", str(tmp_path / "none"), "--format", "hf", "--out",
+                              str(tmp_path / "h")])
+    assert res.exit_code == 2 and "no drafter config" in res.output
+
+
+def test_sglang_model_module_imports_without_sglang():
+    import importlib
+    import sys
+
+    mod = importlib.import_module("osprey_train.export.sglang_model")
+    if "sglang" not in sys.modules:
+        assert mod.SGLANG_AVAILABLE is False and not hasattr(mod, "EntryClass")
+
+
+@pytest.mark.sglang
+@pytest.mark.gpu
+def test_sglang_registers_the_external_class():
+    pytest.importorskip("sglang")
+    import importlib
+    import pkgutil
+
+    import osprey_train.export as package
+
+    found = {}
+    for _, name, ispkg in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(name)
+        for cls in getattr(module, "EntryClass", []):
+            found[cls.__name__] = cls
+    assert "OspreyDrafterForCausalLM" in found

@@ -1,0 +1,183 @@
+"""Drafters against transformers: with zero extra columns an Osprey drafter IS the source model.
+
+Covers Llama (incl. llama3 / yarn / linear / dynamic rotary scaling), Qwen2 (q/k/v bias) and
+Qwen3 (q/k norm), the rotary tables against transformers' own, and the EAGLE-3 layer's wiring.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter
+from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
+from osprey_train.models.layers import rope_inv_freq
+
+ROPE_CASES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+}
+
+
+def _hf_model(family: str, rope: dict | None = None, max_pos: int = 64):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    cfg_cls, model_cls = classes[family]
+    rope_parameters = {"rope_theta": 5000.0, "rope_type": "default", **(rope or {})}
+    config = cfg_cls(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_pos,
+                     rms_norm_eps=1e-5, tie_word_embeddings=False, rope_parameters=rope_parameters)
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # non-trivial norms and biases so that a wrong copy shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _drafter_from_hf(model):
+    config = drafter_config_from_hf(model.config, where="test", vocab_size=97, draft_vocab_size=97,
+                                    target_hidden_size=16, num_taps=3)
+    drafter = OspreyDrafter(config).eval()
+    state = model.state_dict()
+    with torch.no_grad():
+        copy_backbone_layers(drafter.model.layers, state, where="test")
+        drafter.model.embed_tokens.weight.copy_(state["model.embed_tokens.weight"])
+        drafter.model.norm.weight.copy_(state["model.norm.weight"])
+        drafter.lm_head.weight.copy_(state["lm_head.weight"])
+    return drafter
+
+
+@pytest.mark.parametrize("family,rope", [("llama", "default"), ("llama", "linear"), ("llama", "dynamic"),
+                                         ("llama", "llama3"), ("llama", "yarn"), ("qwen2", "default"),
+                                         ("qwen3", "default")])
+def test_zero_extra_columns_reproduce_the_hf_source(family, rope):
+    model = _hf_model(family, ROPE_CASES[rope], max_pos=16 if rope == "dynamic" else 64)
+    drafter = _drafter_from_hf(model)
+    drafter.zero_extra_columns()
+    length = 24  # beyond 16 so dynamic/yarn/llama3 scaling matters
+    ids = torch.randint(0, 97, (2, length), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(length)[None].expand(2, length)
+    cond = torch.randn(2, length, 32) * 3  # arbitrary condition: must not matter
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        got = drafter(ids, cond, pos)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # and the condition does matter once the extra columns are non-zero
+    with torch.no_grad():
+        for block in drafter.extra_column_blocks():
+            block.normal_(std=0.5)
+        assert not torch.allclose(drafter(ids, cond, pos), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("rope", ["default", "linear", "llama3", "yarn"])
+def test_rotary_tables_match_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    model = _hf_model("llama", ROPE_CASES[rope])
+    drafter_cfg = _drafter_from_hf(model).config
+    ours, scale = rope_inv_freq(drafter_cfg)
+    if rope == "default":
+        theirs, their_scale = type(model.model.rotary_emb).compute_default_rope_parameters(model.config)
+    else:
+        theirs, their_scale = ROPE_INIT_FUNCTIONS[rope](model.config, "cpu")
+    torch.testing.assert_close(ours, theirs.float())
+    assert scale == pytest.approx(their_scale)
+
+
+def test_qwen2_has_qkv_bias_and_no_o_bias():
+    drafter = _drafter_from_hf(_hf_model("qwen2"))
+    attn = drafter.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.o_proj.bias is None
+
+
+def test_eagle3_layer_wiring_matches_a_naive_reference():
+    torch.manual_seed(0)
+    model = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3")).eval()
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (1, 5))
+    taps = torch.randn(1, 5, cfg.num_taps, cfg.target_hidden_size)
+    pos = torch.arange(5)[None]
+    with torch.no_grad():
+        cond = model.fuse_taps(taps)
+        torch.testing.assert_close(cond, taps.reshape(1, 5, -1) @ model.fc.weight.T)
+        got = model.forward_hidden(ids, cond, pos, CausalAttention())
+        layer = model.midlayer
+
+        def rms(x, w):
+            return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+
+        x = torch.cat([rms(model.embed_tokens(ids), layer.input_layernorm.weight),
+                       rms(cond, layer.hidden_norm.weight)], -1)
+        a = layer.self_attn
+        q = (x @ a.q_proj.weight.T).view(1, 5, 4, 16).transpose(1, 2)
+        k = (x @ a.k_proj.weight.T).view(1, 5, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
+        v = (x @ a.v_proj.weight.T).view(1, 5, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, 16, 2).float() / 16))
+        ang = torch.cat([pos[0, :, None] * inv] * 2, -1)
+
+        def rot(t):
+            return t * ang.cos() + torch.cat([-t[..., 8:], t[..., :8]], -1) * ang.sin()
+
+        s = rot(q) @ rot(k).transpose(-1, -2) / 4.0
+        s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+        o = (s.softmax(-1) @ v).transpose(1, 2).reshape(1, 5, 64) @ a.o_proj.weight.T
+        h = cond + o
+        mlp = layer.mlp
+        hn = rms(h, layer.post_attention_layernorm.weight)
+        h = h + (torch.nn.functional.silu(hn @ mlp.gate_proj.weight.T) * (hn @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(got, h, rtol=1e-5, atol=1e-5)
+    assert model.logits(got).shape == (1, 5, cfg.draft_vocab_size)
+    assert not model.embed_tokens.weight.requires_grad
+
+
+def test_fuse_taps_shape_error_names_expected_shape():
+    from osprey_data.errors import ModelError
+
+    model = OspreyDrafter(DrafterConfig.from_name("tiny"))
+    with pytest.raises(ModelError, match="num_taps"):
+        model.fuse_taps(torch.randn(1, 2, 4, 64))
+
+
+def test_config_round_trip_and_validation():
+    from osprey_data.errors import ConfigError
+
+    config = DrafterConfig.from_name("tiny", rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert DrafterConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="unknown field"):
+        DrafterConfig.from_dict({**config.to_dict(), "hiden_size": 3})
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        DrafterConfig.from_name("tiny", num_key_value_heads=3)
+    with pytest.raises(ConfigError, match="eagle3"):
+        DrafterConfig.from_name("tiny-eagle3", num_layers=2)
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        DrafterConfig.from_name("tiny", draft_vocab_size=10)
+    with pytest.raises(ConfigError, match="no drafter preset"):
+        DrafterConfig.from_name("huge")
+    legacy = DrafterConfig.from_name("tiny", rope_scaling={"type": "linear", "factor": 2.0})
+    assert legacy.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_unsupported_source_families_are_model_errors():
+    from types import SimpleNamespace
+
+    from osprey_data.errors import ModelError
+    from osprey_train.models.hf import hf_family, hf_rope
+
+    with pytest.raises(ModelError, match="gemma3_text.*supported source families"):
+        hf_family(SimpleNamespace(model_type="gemma3_text"), where="m")
+    with pytest.raises(ModelError, match="hidden_act"):
+        hf_family(SimpleNamespace(model_type="llama", hidden_act="gelu"), where="m")
+    with pytest.raises(ModelError, match="sliding-window"):
+        hf_family(SimpleNamespace(model_type="qwen2", layer_types=["sliding_attention"]), where="m")
+    with pytest.raises(ModelError, match="per-layer-type rope"):
+        hf_rope(SimpleNamespace(rope_parameters={"full_attention": {"rope_theta": 1.0}}), where="m")
+    assert hf_rope(SimpleNamespace(rope_theta=500.0, rope_scaling={"type": "linear", "factor": 2.0}),
+                   where="m") == (500.0, {"type": "linear", "factor": 2.0})

@@ -1,0 +1,174 @@
+"""Stage 3 convert: function preservation across tokenizers, gradient flow, store/target identity, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from osprey_data.errors import ConfigError, ManifestMismatchError
+from osprey_train.models import CausalAttention, OspreyDrafter, load_drafter
+from osprey_train.stages.convert import ConvertConfig, run
+from tests.helpers.tiny import make_tiny_llama
+from tests.train.models.tiny_targets import make_fake_store, make_target
+
+TEXT = "the cat sat on the mat. Two plus two is four. Hello there, how is the weather today?"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, tiny_tokenizer):
+    """A 2-layer backbone (tiny tokenizer, d=64) and a target with another tokenizer (d=48)."""
+    root = tmp_path_factory.mktemp("convert_pair")
+    backbone = make_tiny_llama(root / "backbone", tiny_tokenizer, num_layers=2, seed=5)
+    target = make_target(root)
+    return backbone, target, root
+
+
+@pytest.fixture(scope="module")
+def converted(pair):
+    backbone, target, root = pair
+    result = run(ConvertConfig(backbone=backbone, target=str(target), out=root / "drafter"))
+    return result
+
+
+def _exact_sequence(stats_alignment, target_tok, text):
+    ids = target_tok(text, add_special_tokens=False)["input_ids"]
+    return [t for t in ids if t in stats_alignment.exact]
+
+
+def test_function_preservation_on_exactly_mapped_tokens(pair, converted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from osprey_train.stages.vocab_align import align_vocab
+
+    backbone_dir, target_dir, _ = pair
+    backbone = AutoModelForCausalLM.from_pretrained(backbone_dir).eval()
+    src_tok, tgt_tok = AutoTokenizer.from_pretrained(backbone_dir), AutoTokenizer.from_pretrained(target_dir)
+    alignment = align_vocab(src_tok, tgt_tok)
+    drafter = load_drafter(converted.out)
+    assert isinstance(drafter, OspreyDrafter)
+    tgt_ids = _exact_sequence(alignment, tgt_tok, TEXT)
+    assert len(tgt_ids) >= 15  # the texts share most words, so most tokens map exactly
+    src_ids = [alignment.exact[t] for t in tgt_ids]
+    columns_t = torch.tensor(sorted(alignment.exact))
+    columns_s = torch.tensor([alignment.exact[int(t)] for t in columns_t])
+    cfg = drafter.config
+    length = len(tgt_ids)
+    for seed in (0, 1):  # arbitrary target features
+        taps = torch.randn(1, length, cfg.num_taps, cfg.target_hidden_size,
+                           generator=torch.Generator().manual_seed(seed)) * 5
+        with torch.no_grad():
+            hidden = drafter.forward_hidden(torch.tensor([tgt_ids]), drafter.fuse_taps(taps),
+                                            torch.arange(length)[None], CausalAttention())
+            got = drafter.logits(hidden)[..., columns_t]
+            expected = backbone(input_ids=torch.tensor([src_ids])).logits[..., columns_s]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_converted_rows_and_config(pair, converted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from osprey_train.stages.vocab_align import align_vocab
+
+    backbone_dir, target_dir, _ = pair
+    drafter = load_drafter(converted.out)
+    cfg = drafter.config
+    assert cfg.vocab_size == 320 and cfg.target_hidden_size == 48 and cfg.hidden_size == 64
+    assert cfg.tap_layers == {"layer_ids": [2, 3, 3], "convention": "hf_hidden_states"}  # default taps, L=6
+    assert cfg.target["name_or_path"] == str(target_dir)
+    assert all(float(b.detach().abs().max()) == 0.0 for b in drafter.extra_column_blocks())
+    assert float(drafter.w_c.weight.detach().abs().max()) > 0
+    stats = json.loads((converted.out / "alignment_stats.json").read_text())
+    assert stats["exact"] + stats["averaged"] + stats["unmapped"] == 320
+    assert stats["exact"] > 100 and stats["averaged"] > 0
+    assert (converted.out / "tokenizer.json").exists()
+    # averaged rows are the mean of the source tokenization's rows
+    backbone = AutoModelForCausalLM.from_pretrained(backbone_dir)
+    alignment = align_vocab(AutoTokenizer.from_pretrained(backbone_dir), AutoTokenizer.from_pretrained(target_dir))
+    t, sources = next(iter(alignment.averaged.items()))
+    torch.testing.assert_close(drafter.model.embed_tokens.weight[t],
+                               backbone.model.embed_tokens.weight[sources].mean(0))
+
+
+def _loss(drafter, seed=0):
+    cfg = drafter.config
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (2, 8), generator=g)
+    taps = torch.randn(2, 8, cfg.num_taps, cfg.target_hidden_size, generator=g)
+    logits = drafter(ids, drafter.fuse_taps(taps), torch.arange(8)[None].expand(2, 8))
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
+
+
+def test_gradients_reach_new_columns_at_step0_and_w_c_after(converted):
+    drafter = load_drafter(converted.out).train()
+    _loss(drafter).backward()
+    q = drafter.model.layers[0].self_attn.q_proj.weight
+    d = drafter.config.hidden_size
+    for layer in drafter.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            assert float(proj.weight.grad[:, d:].abs().max()) > 0, "extra columns get no gradient at step 0"
+    # W_c's gradient flows only through the (still zero) columns: exactly zero at step 0 ...
+    assert float(drafter.w_c.weight.grad.abs().max()) == 0.0
+    assert q.grad is not None
+    opt = torch.optim.SGD(drafter.parameters(), lr=0.1)
+    opt.step()
+    opt.zero_grad()
+    _loss(drafter, seed=1).backward()
+    # ... and non-zero from step 1 on.
+    assert float(drafter.w_c.weight.grad.abs().max()) > 0
+
+
+def test_zero_w_c_is_a_stationary_point(converted):
+    drafter = load_drafter(converted.out).train()
+    with torch.no_grad():
+        drafter.w_c.weight.zero_()
+    _loss(drafter).backward()
+    d = drafter.config.hidden_size
+    col_grads = [p.weight.grad[:, d:] for layer in drafter.model.layers
+                 for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)]
+    assert all(float(g.abs().max()) == 0.0 for g in col_grads)
+    assert float(drafter.w_c.weight.grad.abs().max()) == 0.0
+
+
+def test_convert_from_store_takes_identity_and_taps(pair, tmp_path, tiny_tokenizer_dir):
+    backbone, target, root = pair
+    store = make_fake_store(tmp_path / "store", target, taps=(1, 3, 4))
+    # --target is only the tokenizer folder here (the store holds the identity)
+    result = run(ConvertConfig(backbone=backbone, store=str(store), target=str(root / "tok"), out=tmp_path / "d"))
+    cfg = load_drafter(result.out).config
+    assert cfg.tap_layers["layer_ids"] == [1, 3, 4] and cfg.num_taps == 3
+    from osprey_data.store import StoreReader
+
+    assert cfg.target == StoreReader(str(store)).header.target.to_dict()
+    # the wrong tokenizer for this store is refused
+    with pytest.raises(ManifestMismatchError, match="tokenizer"):
+        run(ConvertConfig(backbone=backbone, store=str(store), target=str(tiny_tokenizer_dir), out=tmp_path / "e"))
+    assert not (tmp_path / "e").exists()
+
+
+def test_convert_config_checks(tmp_path):
+    with pytest.raises(ConfigError, match="--backbone"):
+        ConvertConfig(out=tmp_path / "o", target="t")
+    with pytest.raises(ConfigError, match="--target MODEL or --store"):
+        ConvertConfig(out=tmp_path / "o", backbone=tmp_path)
+    with pytest.raises(ConfigError, match="eagle3"):
+        ConvertConfig(out=tmp_path / "o", arch="eagle3", target="t")
+    with pytest.raises(ConfigError, match="conflicts"):
+        ConvertConfig(out=tmp_path / "o", backbone=tmp_path, store="s", taps=(1, 2, 3))
+
+
+def test_cli_convert(pair, tmp_path):
+    from cli.main import cli
+
+    backbone, target, _ = pair
+    runner = CliRunner()
+    res = runner.invoke(cli, ["train", "convert", "--backbone", str(backbone), "--target", str(target),
+                              "--taps", "1,2,5", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    assert "exact=" in res.output
+    assert load_drafter(tmp_path / "d").config.tap_layers["layer_ids"] == [1, 2, 5]
+    res = runner.invoke(cli, ["train", "convert", "--backbone", str(tmp_path / "nope"), "--target", str(target),
+                              "--out", str(tmp_path / "e")])
+    assert res.exit_code == 2 and "config.json" in res.output
