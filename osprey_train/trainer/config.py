@@ -1,0 +1,121 @@
+"""Typed configs of the generic trainer: optimizer/schedule settings and the loop settings.
+
+Both configs are plain ``@dataclass(kw_only=True)`` objects checked in ``__post_init__`` so a
+bad value fails before any model is built, with a :class:`ConfigError` naming the field. They
+are shared by every stage that trains (Stage 2 pretraining, Stage 4 distillation); stage
+configs embed or build them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osprey_data.errors import ConfigError
+
+__all__ = ["OptimConfig", "LoopConfig", "SCHEDULE_NAMES", "DISTRIBUTED_MODES"]
+
+SCHEDULE_NAMES: tuple[str, ...] = ("cosine", "linear", "constant")
+DISTRIBUTED_MODES: tuple[str, ...] = ("auto", "none", "ddp", "fsdp")
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW + learning-rate schedule settings (defaults follow the Osprey paper)."""
+
+    lr: float = 1e-4
+    """Peak learning rate, reached at the end of the linear warmup."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on >=2-D non-embedding weights (see ``optim.param_groups``)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient L2 norm to this value; 0 disables clipping."""
+    warmup_ratio: float = 0.01
+    """Fraction of ``max_steps`` spent in linear warmup from 0 to ``lr`` (at least 1 step if > 0)."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate as a fraction of ``lr`` (cosine/linear decay end point)."""
+    schedule: str = "cosine"
+    """Decay after warmup: one of ``cosine``, ``linear``, ``constant``."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        _check(math.isfinite(self.lr) and self.lr > 0, f"OptimConfig.lr must be > 0, got {self.lr}")
+        _check(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
+               f"OptimConfig.betas must be two numbers in [0, 1), got {self.betas}")
+        _check(self.eps > 0, f"OptimConfig.eps must be > 0, got {self.eps}")
+        _check(self.weight_decay >= 0, f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.grad_clip >= 0, f"OptimConfig.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        _check(0.0 <= self.warmup_ratio < 1.0,
+               f"OptimConfig.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        _check(0.0 <= self.min_lr_ratio <= 1.0,
+               f"OptimConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _check(self.schedule in SCHEDULE_NAMES,
+               f"OptimConfig.schedule must be one of {SCHEDULE_NAMES}, got {self.schedule!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict (used in the trainer state to refuse mismatching resumes)."""
+        out = asdict(self)
+        out["betas"] = list(self.betas)
+        return out
+
+
+@dataclass(kw_only=True)
+class LoopConfig:
+    """Settings of the training loop: length, batching, logging, checkpoints, devices."""
+
+    out_dir: Path
+    """Run folder: ``checkpoints/``, ``metrics.jsonl``, ``metrics.png`` and ``final/`` go here."""
+    max_steps: int
+    """Number of optimizer steps (each = ``grad_accum`` micro-batches per rank)."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step."""
+    seed: int = 0
+    """Seed of model init (same on all ranks) and of per-rank RNGs (seed + rank)."""
+    device: str = "auto"
+    """``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    log_every: int = 10
+    """Write a train record to metrics.jsonl every this many steps."""
+    eval_every: int = 0
+    """Run ``task.evaluate`` every this many steps (0 = only after the last step)."""
+    save_every: int = 0
+    """Write a checkpoint every this many steps (0 = only after the last step)."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in ``out_dir/checkpoints`` (if any)."""
+    distributed: str = "auto"
+    """``auto`` (DDP when launched by torchrun with >1 process), ``none``, ``ddp`` or ``fsdp``."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory: HF ``gradient_checkpointing_enable`` or the task's hook."""
+    progress: bool = True
+    """Show a tqdm bar (rank 0) with loss and tokens/s."""
+    eval_at_start: bool = False
+    """Also evaluate before the first step (records the untrained baseline as step 0)."""
+    keep_checkpoints: int = 2
+    """Keep only this many newest checkpoints (0 = keep all)."""
+    plot: bool = True
+    """Write ``metrics.png`` (loss and perplexity curves) at every eval/save and at the end."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form run description stored in the trainer state (e.g. the stage config)."""
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        for name in ("max_steps", "grad_accum"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, f"LoopConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("log_every", "eval_every", "save_every", "keep_checkpoints"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 0, f"LoopConfig.{name} must be an int >= 0, got {value!r}")
+        _check(self.log_every >= 1, f"LoopConfig.log_every must be >= 1, got {self.log_every}")
+        _check(self.distributed in DISTRIBUTED_MODES,
+               f"LoopConfig.distributed must be one of {DISTRIBUTED_MODES}, got {self.distributed!r}")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+               f"LoopConfig.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")

@@ -1,0 +1,157 @@
+"""Stage 2 pretraining on a tiny corpus: learning, exact resume, DDP == single, CLI, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from cli.main import cli
+from osprey_data.corpus import TokenizeCorpusConfig
+from osprey_data.corpus import run as tokenize
+from osprey_data.errors import CheckpointError, ConfigError, InputError
+from osprey_train.stages.pretrain import PretrainConfig, PretrainTask, run
+from osprey_train.trainer.metrics import read_metrics
+from tests.helpers.tiny import _CORPUS, make_tiny_llama, make_tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_tokenizer_dir, tiny_tokenizer):
+    tmp = tmp_path_factory.mktemp("pretrain")
+    model_dir = make_tiny_llama(tmp / "model", tiny_tokenizer, num_layers=2, hidden_size=32)
+    docs = [f"{_CORPUS[i % len(_CORPUS)]} {_CORPUS[(3 * i + 1) % len(_CORPUS)]}" for i in range(120)]
+    (tmp / "docs.jsonl").write_text("".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs)))
+    tokenize(TokenizeCorpusConfig(tokenizer=str(model_dir), inputs=[tmp / "docs.jsonl"], out_dir=tmp / "corpus",
+                                  shard_tokens=1000, progress=False))
+    return tmp, model_dir, tmp / "corpus"
+
+
+def _cfg(setup, out, **kw):
+    tmp, model_dir, corpus = setup
+    base = dict(model=model_dir, corpus=corpus, out=tmp / out, steps=6, seq_len=16, batch_size=4, lr=3e-3,
+                warmup_ratio=0.1, heldout_fraction=0.1, eval_windows=8, log_every=1, device="cpu",
+                distributed="none", progress=False)
+    base.update(kw)
+    return PretrainConfig(**base)
+
+
+def test_pretraining_lowers_heldout_perplexity_and_saves_hf_model(setup):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    result = run(_cfg(setup, "learn", steps=30, eval_every=15, save_every=15))
+    assert result.final_ppl < 0.5 * result.initial_ppl
+    evals = [r for r in read_metrics(result.train.out_dir / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 15, 30] and evals[0]["eval_ppl"] == result.initial_ppl
+    assert result.plot_path.is_file() and result.tokens_per_s > 0
+    final = result.final_dir
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    info = json.loads((final / "pretrain_info.json").read_text())
+    assert info["heldout_tokens_range"][0] == info["train_tokens_range"][1]
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert model.config.num_hidden_layers == 2
+    AutoTokenizer.from_pretrained(final)
+    # Perplexity of the reloaded model equals the last evaluation (weights saved faithfully).
+    task = PretrainTask(_cfg(setup, "learn"))
+    assert task.evaluate(model.eval())["eval_ppl"] == pytest.approx(result.final_ppl, rel=1e-5)
+
+
+def test_resume_is_exact(setup):
+    tmp = setup[0]
+    straight = run(_cfg(setup, "straight", steps=4, save_every=2))
+    run(_cfg(setup, "resumed", steps=4, save_every=2))
+    out = tmp / "resumed"
+    shutil.rmtree(out / "checkpoints" / "step-4")     # as if killed between steps 2 and 4
+    shutil.rmtree(out / "final")
+    again = run(_cfg(setup, "resumed", steps=4, save_every=2, resume=True))
+    assert again.train.resumed_from.name == "step-2" and again.initial_ppl is None
+    a = load_file(str(straight.final_dir / "model.safetensors"))
+    b = load_file(str(again.final_dir / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(CheckpointError, match="seq_len"):
+        run(_cfg(setup, "resumed", steps=4, save_every=2, resume=True, seq_len=8))
+
+
+def test_windows_are_disjoint_across_ranks_and_steps(setup):
+    task = PretrainTask(_cfg(setup, "unused", batch_size=2, grad_accum=2))
+    seen = {}
+    for step in range(3):
+        for micro in range(2):
+            for rank in range(2):
+                ids = task.batch(step, micro, rank, 2)
+                assert ids.shape == (2, 17)
+                first = step * 8 + (micro * 2 + rank) * 2
+                for k in range(2):
+                    start = task.sampler.window_start(first + k)
+                    assert start not in seen
+                    seen[start] = (step, micro, rank)
+                    assert torch.equal(ids[k], torch.from_numpy(task.corpus.tokens(start, 17)))
+    assert all(s + 17 <= task.train_range[1] for s in seen)          # never reads the held-out part
+
+
+def test_ddp_two_processes_match_single_process(setup):
+    tmp, model_dir, corpus = setup
+    args = ["train", "pretrain", "--model", str(model_dir), "--corpus", str(corpus), "--steps", "3",
+            "--seq-len", "16", "--batch-size", "2", "--lr", "3e-3", "--heldout-fraction", "0.1",
+            "--eval-windows", "4", "--log-every", "1", "--device", "cpu", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "cli.main", *args, "--out", str(tmp / "ddp"), "--distributed", "ddp"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "held-out perplexity" in proc.stdout
+    single = CliRunner().invoke(cli, [*args, "--out", str(tmp / "one"), "--distributed", "none",
+                                      "--grad-accum", "2"])
+    assert single.exit_code == 0, single.output
+    a = load_file(str(tmp / "ddp" / "final" / "model.safetensors"))
+    b = load_file(str(tmp / "one" / "final" / "model.safetensors"))
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    la = [r["loss"] for r in read_metrics(tmp / "ddp" / "metrics.jsonl") if r["kind"] == "train"]
+    lb = [r["loss"] for r in read_metrics(tmp / "one" / "metrics.jsonl") if r["kind"] == "train"]
+    assert la == pytest.approx(lb, rel=1e-5)
+
+
+def test_bad_inputs(setup, tmp_path):
+    tmp, model_dir, corpus = setup
+    other = tmp_path / "other_model"
+    shutil.copytree(model_dir, other)
+    make_tiny_tokenizer(other, vocab_size=300)      # same model, different tokenizer
+    with pytest.raises(ConfigError, match="tokenize the corpus with --tokenizer"):
+        PretrainTask(_cfg(setup, "x", model=other))
+    with pytest.raises(InputError, match="no config.json"):
+        PretrainTask(_cfg(setup, "x", model=tmp_path))
+    with pytest.raises(InputError, match="no index.json"):
+        PretrainTask(_cfg(setup, "x", corpus=tmp_path))
+    with pytest.raises(InputError, match="too small for windows"):
+        PretrainTask(_cfg(setup, "x", seq_len=100_000))
+    with pytest.raises(ConfigError, match="heldout_fraction"):
+        _cfg(setup, "x", heldout_fraction=0.0)
+    with pytest.raises(ConfigError, match="lr"):
+        _cfg(setup, "x", lr=-1.0)
+
+
+def test_cli_tokenize_corpus_and_errors(setup, tmp_path):
+    tmp, model_dir, _ = setup
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["data", "tokenize-corpus", "--tokenizer", str(model_dir), "--input",
+                             str(tmp / "docs.jsonl"), "--out", str(tmp_path / "c")])
+    assert ok.exit_code == 0, ok.output
+    assert "120 documents" in ok.output and (tmp_path / "c" / "index.json").is_file()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"content": "b"}\n')
+    res = runner.invoke(cli, ["data", "tokenize-corpus", "--tokenizer", str(model_dir), "--input", str(bad),
+                              "--out", str(tmp_path / "d"), "--no-progress"])
+    assert res.exit_code == 2 and "bad.jsonl:2: no 'text' field" in res.output
+    res = runner.invoke(cli, ["train", "pretrain", "--model", str(model_dir), "--corpus", str(tmp_path / "nope"),
+                              "--out", str(tmp_path / "r"), "--device", "cpu"])
+    assert res.exit_code == 2 and "no index.json" in res.output

@@ -1,0 +1,178 @@
+"""The training loop: exact resume, accumulation, eval/metrics/plot, final save, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from osprey_data.errors import CheckpointError, ConfigError, TrainingDivergedError
+from osprey_train.trainer import LoopConfig, OptimConfig, TrainResult, train
+from osprey_train.trainer.metrics import read_metrics
+from tests.train.trainer.toy import Crash, ToyTask
+
+
+def _loop(out, **kw):
+    base = dict(out_dir=out, max_steps=10, log_every=1, save_every=5, eval_every=5, progress=False, device="cpu",
+                distributed="none", keep_checkpoints=0, plot=False)
+    base.update(kw)
+    return LoopConfig(**base)
+
+
+OPTIM = OptimConfig(lr=3e-3, warmup_ratio=0.2)
+
+
+def _weights(result: TrainResult) -> dict[str, torch.Tensor]:
+    return load_file(str(result.final_dir / "model.safetensors"))
+
+
+def test_resume_is_bit_exact(tmp_path):
+    straight = train(ToyTask(), _loop(tmp_path / "a"), OPTIM)
+    with pytest.raises(Crash):
+        train(ToyTask(crash_at_step=7), _loop(tmp_path / "b"), OPTIM)
+    assert (tmp_path / "b" / "checkpoints" / "step-5").is_dir()
+    assert not (tmp_path / "b" / "final").exists()          # a crashed run has no final model
+    task = ToyTask()
+    resumed = train(task, _loop(tmp_path / "b", resume=True), OPTIM)
+    assert resumed.resumed_from.name == "step-5"
+    assert min(s for s, _, _ in task.batches_seen) == 5      # data resumes at the right step
+
+    wa, wb = _weights(straight), _weights(resumed)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+    oa = load_file(str(tmp_path / "a" / "checkpoints" / "step-10" / "optimizer.safetensors"))
+    ob = load_file(str(tmp_path / "b" / "checkpoints" / "step-10" / "optimizer.safetensors"))
+    assert oa.keys() == ob.keys() and all(torch.equal(oa[k], ob[k]) for k in oa)
+
+    # Metrics of the resumed run equal the straight run's (records after step 5 of the crashed
+    # attempt were dropped), except wall-clock derived fields.
+    def losses(path):
+        return [(r["kind"], r["step"], r.get("loss"), r.get("lr"), r.get("eval_loss"))
+                for r in read_metrics(path / "metrics.jsonl")]
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    assert resumed.tokens_seen == straight.tokens_seen == 10 * 4 * 8
+    assert straight.last_eval["eval_loss"] == resumed.last_eval["eval_loss"]
+
+
+def test_dropout_rng_matters_for_resume(tmp_path):
+    # Guard that the exact-resume test is meaningful: two different seeds diverge.
+    a = train(ToyTask(), _loop(tmp_path / "a", max_steps=3, save_every=0, eval_every=0), OPTIM)
+    b = train(ToyTask(), _loop(tmp_path / "b", max_steps=3, save_every=0, eval_every=0, seed=1), OPTIM)
+    assert any(not torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values()))
+
+
+def test_grad_accum_matches_bigger_batch(tmp_path):
+    # accum=2 over micro-batches of 4 == one batch of 8 (same sequences), up to float rounding.
+    # Dropout off so both runs compute the same function.
+    class Big(ToyTask):
+        def batch(self, step, micro, rank, world_size):
+            a = super().batch(step, 0, 0, 1)["ids"]
+            b = super().batch(step, 1, 0, 1)["ids"]
+            return {"ids": torch.cat([a, b]), "step": step}
+
+    acc = train(ToyTask(dropout=0.0), _loop(tmp_path / "acc", grad_accum=2, max_steps=4, save_every=0), OPTIM)
+    big = train(Big(dropout=0.0), _loop(tmp_path / "big", max_steps=4, save_every=0), OPTIM)
+    for (name, x), y in zip(_weights(acc).items(), _weights(big).values()):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+    assert acc.tokens_seen == big.tokens_seen == 4 * 8 * 8
+
+
+def test_outputs_metrics_plot_and_eval(tmp_path):
+    result = train(ToyTask(), _loop(tmp_path, max_steps=30, log_every=5, eval_every=10, save_every=10,
+                                    eval_at_start=True, keep_checkpoints=2, plot=True), OptimConfig(lr=1e-2))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    eval_steps = [r["step"] for r in records if r["kind"] == "eval"]
+    assert train_steps == [5, 10, 15, 20, 25, 30]
+    assert eval_steps == [0, 10, 20, 30]
+    assert [h["step"] for h in result.eval_history] == eval_steps
+    assert records[-1]["eval_loss"] < records[0]["eval_loss"]             # it learned
+    assert all(r["tokens_per_s"] > 0 for r in records if r["kind"] == "train")
+    png = tmp_path / "metrics.png"
+    assert result.plot_path == png and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["step-20", "step-30"]                                  # keep_checkpoints=2
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["vocab"] == 32
+    assert result.step == 30 and result.tokens_per_s > 0
+
+
+def test_existing_run_needs_resume_flag(tmp_path):
+    train(ToyTask(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
+    with pytest.raises(ConfigError, match="--resume"):
+        train(ToyTask(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
+
+
+def test_resume_with_changed_settings_is_refused(tmp_path):
+    with pytest.raises(Crash):
+        train(ToyTask(crash_at_step=6), _loop(tmp_path), OPTIM)
+    with pytest.raises(CheckpointError, match="optim"):
+        train(ToyTask(), _loop(tmp_path, resume=True), OptimConfig(lr=1e-3, warmup_ratio=0.2))
+    with pytest.raises(CheckpointError, match="max_steps"):
+        train(ToyTask(), _loop(tmp_path, resume=True, max_steps=20), OPTIM)
+
+
+def test_resume_without_checkpoint_starts_fresh(tmp_path):
+    result = train(ToyTask(), _loop(tmp_path, resume=True, max_steps=2, save_every=0, eval_every=0), OPTIM)
+    assert result.resumed_from is None and result.step == 2
+
+
+def test_nan_loss_raises(tmp_path):
+    with pytest.raises(TrainingDivergedError, match="step 3"):
+        train(ToyTask(nan_at_step=2), _loop(tmp_path, max_steps=5, save_every=0, eval_every=0), OPTIM)
+
+
+def test_gradient_checkpointing_hook(tmp_path):
+    with pytest.raises(ConfigError, match="gradient_checkpointing"):
+        train(ToyTask(), _loop(tmp_path, max_steps=1, gradient_checkpointing=True), OPTIM)
+
+    class Hooked(ToyTask):
+        called = 0
+
+        def enable_gradient_checkpointing(self, model):
+            Hooked.called += 1
+
+    train(Hooked(), _loop(tmp_path / "h", max_steps=1, gradient_checkpointing=True), OPTIM)
+    assert Hooked.called == 1
+
+
+def test_trainable_parameters_are_respected(tmp_path):
+    class Frozen(ToyTask):
+        def trainable_parameters(self, model):
+            return model.head.parameters()
+
+    result = train(Frozen(dropout=0.0), _loop(tmp_path / "f", max_steps=3, save_every=0, eval_every=0), OPTIM)
+    torch.manual_seed(0)
+    init = ToyTask().build_model().state_dict()
+    trained = _weights(result)
+    assert torch.equal(trained["embed.weight"], init["embed.weight"])
+    assert not torch.equal(trained["head.weight"], init["head.weight"])
+
+
+@pytest.mark.gpu
+def test_cuda_uses_bf16_autocast_and_fp32_master_weights(tmp_path):
+    dtypes = []
+
+    class Probe(ToyTask):
+        def loss(self, model, batch):
+            logits = model(batch["ids"][:, :-1])
+            dtypes.append((logits.dtype, next(model.parameters()).dtype, batch["ids"].device.type))
+            return super().loss(model, batch)
+
+    result = train(Probe(), _loop(tmp_path, max_steps=3, device="cuda"), OPTIM)
+    assert dtypes and all(d == (torch.bfloat16, torch.float32, "cuda") for d in dtypes)
+    assert result.last_train["loss"] > 0 and _weights(result)["head.weight"].dtype == torch.float32
+
+
+def test_cpu_trains_in_fp32(tmp_path):
+    dtypes = []
+
+    class Probe(ToyTask):
+        def loss(self, model, batch):
+            dtypes.append(model(batch["ids"][:, :-1]).dtype)
+            return super().loss(model, batch)
+
+    train(Probe(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
+    assert dtypes == [torch.float32, torch.float32]
