@@ -6,7 +6,9 @@ Measured in one run (hidden size 4096, 3 taps, top-k 64 by default):
   SpecForge-style baseline written in the same run: one safetensors file per sample with aux
   hidden states (T, 3*D) + final hidden (T, D) in bf16, int64 input_ids and loss_mask;
 * write and read MB/s of raw hidden data (bf16 bytes) through StoreWriter/StoreReader against
-  plain ``numpy.tofile`` / ``numpy.fromfile`` of the same bytes;
+  plain ``numpy.tofile`` / ``numpy.fromfile`` of the same bytes (reads: best of ``--repeats``
+  rounds with numpy and store reads taking turns, all from the warm page cache; float32 and
+  bfloat16 outputs, with the default decode threads and with one);
 * fp8 error on ordinary vs outlier (massive-activation) channels, on synthetic states with
   realistic outliers and (``--real``, default on when present) on real SmolLM2-135M states.
 
@@ -32,6 +34,7 @@ from osprey_data.store import (
     HIDDEN_CODECS, SampleRecord, StoreHeader, StoreReader, StoreWriter, TapLayers, TargetIdentity,
 )
 from osprey_data.store.codecs import bf16_bits_to_float32, to_bf16_bits
+from osprey_data.store.pool import DEFAULT_DECODE_THREADS
 
 SMOLLM = Path("/work/models/smollm2-135m-instruct")
 PROMPTS = Path(__file__).resolve().parents[1].parent / "shared/data/prompts/chat.eval.jsonl"
@@ -104,13 +107,25 @@ def write_store(url: Path, recs, hdr, final) -> float:
     return time.perf_counter() - t0
 
 
-def read_store(url: Path, as_torch: bool) -> float:
-    r = StoreReader(str(url))
-    t0 = time.perf_counter()
+def read_store(url: Path, as_torch: bool, threads: int | None = None) -> tuple[float, float]:
+    """(wall, process CPU) seconds to read every sample (hidden states and the rest) in order."""
+    r = StoreReader(str(url)) if threads is None else StoreReader(str(url), decode_threads=threads)
+    t0, c0 = time.perf_counter(), time.process_time()
     n = 0
     for s in r.iter_samples(as_torch=as_torch):
         n += s.hidden_TLD.shape[0]
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def rounds_interleaved(fns: dict[str, object], repeats: int) -> dict[str, np.ndarray]:
+    """(repeats, 2) wall/CPU seconds of each function, the functions taking turns in every
+    round so that load from other processes hits all of them alike (all reads are warm: the
+    files were just written, so every side reads from the page cache)."""
+    out: dict[str, list] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            out[k].append(fn())
+    return {k: np.asarray(v) for k, v in out.items()}
 
 
 def fp8_errors(h_NLD: np.ndarray, outlier_mask_D: np.ndarray) -> dict[str, float]:
@@ -167,6 +182,7 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--real", choices=["auto", "yes", "no"], default="auto")
+    ap.add_argument("--repeats", type=int, default=9, help="read timings: best of this many rounds")
     ap.add_argument("--out", default=None, help="where to keep stores and the plot (default: temp)")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -202,14 +218,33 @@ def main() -> None:
     t0 = time.perf_counter()
     bits.tofile(raw)
     np_write = time.perf_counter() - t0
-    np_read = min(_timed(lambda: np.fromfile(raw, dtype=np.uint16)) for _ in range(3))
-    ours_read = min(read_store(work / "bf16", as_torch=False) for _ in range(2))
-    ours_read_t = min(read_store(work / "bf16", as_torch=True) for _ in range(2))
-    fp8_read = read_store(work / "fp8", as_torch=False)
+    store_bf16 = work / "bf16"
+    rounds = rounds_interleaved({
+        "numpy": lambda: _timed(lambda: np.fromfile(raw, dtype=np.uint16)),
+        "numpy_f32": lambda: _timed(lambda: bf16_bits_to_float32(np.fromfile(raw, dtype=np.uint16))),
+        "f32": lambda: read_store(store_bf16, as_torch=False),
+        "bf16": lambda: read_store(store_bf16, as_torch=True),
+        "f32_1t": lambda: read_store(store_bf16, as_torch=False, threads=1),
+        "bf16_1t": lambda: read_store(store_bf16, as_torch=True, threads=1),
+    }, args.repeats)
+    t = {k: float(v[:, 0].min()) for k, v in rounds.items()}            # best wall time
+    cpu = {k: float(v[:, 1].min()) for k, v in rounds.items()}          # best CPU time
+    paired = {k: float(np.median(rounds["numpy"][:, 0] / v[:, 0])) for k, v in rounds.items()}
+    np_read, ours_read, ours_read_t = t["numpy"], t["f32"], t["bf16"]
+    fp8_read = min(read_store(work / "fp8", as_torch=False)[0] for _ in range(2))
     print(f"\nhidden MB/s   numpy tofile {hidden_mb / np_write:8.0f}   store bf16 write {hidden_mb / times['bf16']:8.0f}"
           f"   fp8 write {hidden_mb / times['fp8']:8.0f}")
-    print(f"hidden MB/s   numpy fromfile {hidden_mb / np_read:6.0f}   store bf16 read (numpy f32) "
-          f"{hidden_mb / ours_read:6.0f}   (torch bf16) {hidden_mb / ours_read_t:6.0f}   fp8 read {hidden_mb / fp8_read:6.0f}")
+    print(f"read, hidden MB/s over {args.repeats} interleaved rounds, warm page cache. Ratios to numpy.fromfile: "
+          "best/best wall time; median of per-round ratios; best/best process CPU time")
+    labels = {"numpy": "numpy.fromfile (bf16 bits)", "numpy_f32": "numpy.fromfile + widen to float32",
+              "f32": f"store bf16 -> numpy float32 ({DEFAULT_DECODE_THREADS} decode threads)",
+              "bf16": f"store bf16 -> torch bfloat16 ({DEFAULT_DECODE_THREADS} decode threads)",
+              "f32_1t": "store bf16 -> numpy float32 (1 thread)", "bf16_1t": "store bf16 -> torch bfloat16 (1 thread)"}
+    print(f"  {'':<52} {'MB/s':>7}   {'best':>6}  {'median':>6}  {'CPU':>6}")
+    for k, v in t.items():
+        print(f"  {labels[k]:<52} {hidden_mb / v:7.0f}   {np_read / v:5.3f}x {paired[k]:6.3f}x "
+              f"{cpu['numpy'] / cpu[k]:6.3f}x")
+    print(f"  {'store fp8 -> numpy float32 (best of 2)':<52} {hidden_mb / fp8_read:7.0f}   {np_read / fp8_read:5.3f}x")
     r = StoreReader(str(work / "bf16"))
     idx = np.random.default_rng(1).integers(0, len(r), 20)
     t0 = time.perf_counter()
@@ -253,6 +288,13 @@ def main() -> None:
         "bf16_final_ratio": round(sizes["bf16+final"] / base_bpt, 3),
         "fp8_final_ratio": round(sizes["fp8+final"] / base_bpt, 3),
         "read_vs_numpy": round(np_read / ours_read, 3), "read_torch_vs_numpy": round(np_read / ours_read_t, 3),
+        "read_1t_vs_numpy": round(np_read / t["f32_1t"], 3), "read_torch_1t_vs_numpy": round(np_read / t["bf16_1t"], 3),
+        "read_vs_numpy_f32": round(t["numpy_f32"] / ours_read, 3),
+        "read_vs_numpy_median": round(paired["f32"], 3), "read_torch_vs_numpy_median": round(paired["bf16"], 3),
+        "read_1t_cpu_vs_numpy": round(cpu["numpy"] / cpu["f32_1t"], 3),
+        "read_torch_1t_cpu_vs_numpy": round(cpu["numpy"] / cpu["bf16_1t"], 3),
+        "numpy_read_MBps": round(hidden_mb / np_read), "read_MBps": round(hidden_mb / ours_read),
+        "read_torch_MBps": round(hidden_mb / ours_read_t),
         "write_vs_numpy": round(np_write / times["bf16"], 3),
         "fp8_ord_rel_rms": round(syn_err["ordinary_rel_rms"], 4),
         "fp8_out_rel_max": round(syn_err["outlier_rel_max"], 4),
@@ -268,10 +310,10 @@ def main() -> None:
     print("RESULT " + " ".join(f"{k}={v}" for k, v in res.items()))
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
+def _timed(fn) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _plot(work: Path, base: float, sizes: dict[str, float]) -> None:

@@ -60,6 +60,11 @@ class StoreFS:
 
     def read_bytes(self, rel: str) -> bytes:
         try:
+            if self.is_local:
+                # plain open/read: fsspec's cat_file adds an opener object and seeks per call,
+                # which shows up when every chunk of every sample is read
+                with open(self.path(rel), "rb") as f:
+                    return f.read()
             return self.fs.cat_file(self.path(rel))
         except FileNotFoundError:
             raise StoreNotFoundError(f"{self.where(rel)}: missing") from None

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from osprey_data.errors import SampleNotFoundError, StoreCorruptError
+from osprey_data.errors import ConfigError, SampleNotFoundError, StoreCorruptError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import Manifest, StoreHeader
 from osprey_data.store.merge import read_manifest
+from osprey_data.store.pool import DEFAULT_DECODE_THREADS
 from osprey_data.store.records import Sample
 from osprey_data.store.shard import ShardHandle
 
@@ -36,7 +37,13 @@ __all__ = ["StoreReader"]
 class StoreReader:
     """Read a store at a local path or fsspec URL (``memory://``, ``s3://`` ...)."""
 
-    def __init__(self, url: str, *, storage_options: dict | None = None) -> None:
+    def __init__(self, url: str, *, storage_options: dict | None = None,
+                 decode_threads: int = DEFAULT_DECODE_THREADS) -> None:
+        """``decode_threads``: threads decoding the chunks of one sample in parallel (shared
+        per process; 1 = decode inline, e.g. with many DataLoader workers)."""
+        if decode_threads < 1:
+            raise ConfigError(f"decode_threads must be >= 1, got {decode_threads}")
+        self.decode_threads = int(decode_threads)
         self.url = url
         self.fs = StoreFS(url, storage_options=storage_options, read_only=True)
         self.manifest: Manifest = read_manifest(self.fs)
@@ -68,7 +75,8 @@ class StoreReader:
     def shard(self, k: int) -> ShardHandle:
         h = self._handles.get(k)
         if h is None:
-            h = ShardHandle(self.fs, self.header, self.manifest.shards[k])
+            h = ShardHandle(self.fs, self.header, self.manifest.shards[k],
+                            decode_threads=self.decode_threads)
             self._handles[k] = h
         return h
 

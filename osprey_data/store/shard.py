@@ -1,7 +1,7 @@
 """One shard on disk: ``shards/<id>/{samples.parquet, tokens.zarr/, _COMMIT.json}``.
 
 :class:`ShardBuilder` streams samples into a not-yet-visible shard directory and finishes it
-with ``_COMMIT.json`` (per-file size + CRC32, array shapes, header hash) written LAST — its
+with ``_COMMIT.json`` (per-file size + CRC32C, array shapes, header hash) written LAST — its
 sha256 is the shard checksum recorded in journals and the manifest. :class:`ShardHandle`
 opens a committed shard for reading and verifies every byte it reads against that record.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import zlib
 from typing import Any
 
 import numpy as np
@@ -24,8 +23,9 @@ from osprey_data.errors import ManifestMismatchError, SchemaError, StoreCorruptE
 from osprey_data.store.codecs import HIDDEN_CODECS
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import FORMAT_VERSION, ShardInfo, StoreHeader, header_hash
+from osprey_data.store.pool import DEFAULT_DECODE_THREADS, decode_pool
 from osprey_data.store.records import SampleRecord
-from osprey_data.store.zarrio import ChunkedArrayReader, ChunkedArrayWriter, group_metadata
+from osprey_data.store.zarrio import ChunkedArrayReader, ChunkedArrayWriter, file_entry, group_metadata
 
 __all__ = ["COMMIT_FILE", "TABLE_FILE", "ZARR_DIR", "TABLE_SCHEMA", "ShardBuilder", "ShardHandle",
            "stored_arrays", "parse_commit", "info_from_commit"]
@@ -84,7 +84,7 @@ class ShardBuilder:
 
     def _sink(self, rel: str, data: bytes) -> None:
         self.fs.write_bytes(f"{self.rel_dir}/{rel}", data)
-        self.files[rel] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+        self.files[rel] = file_entry(data)
 
     def add(self, rec: SampleRecord) -> None:
         T = int(len(rec.token_ids))
@@ -159,8 +159,10 @@ def info_from_commit(raw: bytes, doc: dict[str, Any]) -> ShardInfo:
 class ShardHandle:
     """Read access to one committed shard; every byte read is checked against _COMMIT.json."""
 
-    def __init__(self, fs: StoreFS, header: StoreHeader, info: ShardInfo) -> None:
+    def __init__(self, fs: StoreFS, header: StoreHeader, info: ShardInfo, *,
+                 decode_threads: int = DEFAULT_DECODE_THREADS) -> None:
         self.fs, self.header, self.info = fs, header, info
+        self.decode_threads = int(decode_threads)
         self.rel_dir = f"shards/{info.shard_id}"
         self.where = fs.where(self.rel_dir)
         try:
@@ -230,12 +232,66 @@ class ShardHandle:
         return out
 
     def decode_hidden(self, name: str, start: int, stop: int, *, as_torch: bool) -> Any:
+        """Hidden states of rows ``start:stop`` (float32 numpy, or bfloat16 torch).
+
+        The output is allocated once; the chunks of every part are read, verified and
+        decompressed (on the decode pool when ``decode_threads > 1``), then each piece of the
+        range that lies inside one chunk of every part is decoded straight into the output
+        from views of those chunks: no concatenation, no second copy of the result.
+        """
         codec = HIDDEN_CODECS[self.header.hidden_codec]
-        parts = {}
-        for suffix_name in self.commit["arrays"]:
-            if suffix_name == name or suffix_name.startswith(name + "_"):
-                # codecs never modify their inputs, so the cached chunk can be used directly
-                part = self.reader(suffix_name).read_rows(start, stop, copy=False)
-                parts[suffix_name[len(name):]] = part[:, None] if name == "final_hidden" else part
-        out = codec.decode_torch(parts) if as_torch else codec.decode(parts)
-        return out[:, 0] if name == "final_hidden" else out
+        names = [n for n in self.commit["arrays"] if n == name or n.startswith(name + "_")]
+        readers = {n[len(name):]: self.reader(n) for n in names}
+        main = readers["_hi"] if "_hi" in readers else readers[""]
+        shape = (stop - start, *main.shape[1:])
+        if not 0 <= start <= stop <= main.shape[0]:
+            raise StoreCorruptError(f"{self.where}: rows {start}:{stop} outside array {name} "
+                                    f"of {main.shape[0]} rows")
+        if as_torch:
+            import torch
+
+            # numpy's allocator reuses freed multi-MB blocks; torch.empty page-faults afresh
+            out = torch.from_numpy(np.empty(shape, dtype=np.int16)).view(torch.bfloat16)
+        else:
+            out = np.empty(shape, dtype=np.float32)
+        pool = decode_pool(self.decode_threads)
+        loaded: dict[str, dict[int, Any]] = {}
+        try:
+            tasks = []  # one task list over all parts, so the pool sees every chunk at once
+            for sfx, r in readers.items():
+                loaded[sfx], missing = r.take(r.chunk_ids(start, stop))
+                tasks += [(sfx, i) for i in missing]
+            if pool is None or len(tasks) < 2:
+                results = [readers[sfx].load(i) for sfx, i in tasks]
+            else:
+                results = list(pool.map(lambda t: readers[t[0]].load(t[1]), tasks))
+            for (sfx, i), entry in zip(tasks, results):
+                loaded[sfx][i] = entry
+
+            cuts = sorted({start, stop, *(b for r in readers.values() for b in r.boundaries(start, stop))})
+
+            def piece(ab: tuple[int, int]) -> None:
+                a, b = ab
+                parts = {}
+                for sfx, r in readers.items():
+                    i = a // r.chunk_rows
+                    off = i * r.chunk_rows
+                    v = loaded[sfx][i][1][a - off: b - off]
+                    parts[sfx] = v[:, None] if name == "final_hidden" else v  # codecs see (N, taps, D)
+                dst = out[a - start: b - start]
+                dst = dst[:, None] if name == "final_hidden" else dst
+                if as_torch:
+                    codec.decode_torch(parts, out=dst)
+                else:
+                    codec.decode(parts, out=dst)
+
+            segments = list(zip(cuts[:-1], cuts[1:]))
+            if pool is None or len(segments) < 2:
+                for ab in segments:
+                    piece(ab)
+            else:
+                list(pool.map(piece, segments))
+        finally:
+            for sfx, got in loaded.items():
+                readers[sfx].keep(got)  # last chunks stay cached, other buffers are recycled
+        return out

@@ -1,7 +1,7 @@
 """``validate_store``: a full integrity check of a store, reporting every problem found.
 
 Checks, in order: manifest (presence, JSON, format version, schema, totals); per listed shard:
-commit record (presence, sha256 vs manifest, schema, header), every file's size and CRC32,
+commit record (presence, sha256 vs manifest, schema, header), every file's size and CRC32C,
 array shapes/dtypes, table schema, row offsets, per-sample lengths, prompt lengths, token ids
 in range, duplicate sample ids across shards; then the values: NaN/Inf in hidden states and
 log-probs, top-k ids in range, log-probs <= 0 and sorted descending. Problems name the shard
@@ -113,7 +113,7 @@ def _check_shard(fs: StoreFS, header, info, report: ValidationReport, seen: dict
                  check_values: bool) -> None:
     sid = info.shard_id
     h = ShardHandle(fs, header, info)
-    # 1. every file against its size and CRC32 (chunks are verified while decoding in step 3
+    # 1. every file against its size and CRC32C (chunks are verified while decoding in step 3
     # when values are checked, so they are read once)
     reader0 = h.reader("topk_ids")
     n_before = len(report.problems)
