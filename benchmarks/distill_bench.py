@@ -1,0 +1,262 @@
+"""Peak memory and step time of one TTT distill step: Osprey's implementation vs a naive one.
+
+Shape: the paper's Osprey drafter (2 layers, d=2560, d_target=4096, 3 taps, vocab 151,936,
+K=5 TTT steps; Qwen3-4B-like widths: 32 heads x 128, 8 KV heads, MLP 9728). On a CPU box that
+does not fit in memory or time, so every WIDTH is divided by ``--scale`` (d, d_target, MLP, heads;
+head_dim stays 128/scale-rounded) and the vocabulary by ``--vocab-scale``; sequence lengths are
+the real ones (512..4096). Both implementations run the same model on the same packed batch:
+
+* ``osprey`` — :func:`osprey_train.ttt.unroll.ttt_loss`: TTT attention without ``[T,(k+1)T]``
+  masks (``sdpa``), LM head + loss chunked and recomputed under checkpointing.
+* ``naive``  — materialized ``[T, (k+1)T]`` TTT masks (``naive`` attention) and full fp32
+  ``[T, V]`` logits of all K steps alive until backward.
+
+Each (implementation, T) runs in a fresh subprocess; its peak is the rise of the process's
+resident high-water mark (``VmHWM``) over its resident size before the step (params, batch and
+imports excluded; large allocations forced to ``mmap`` so freed memory leaves RSS). A warm-up
+step at T=16 runs first so lazy kernel initialization stays out of the figure. Attention alone
+(fwd+bwd of K=5 TTT steps of one layer, the scaled head count x head_dim 128, q/k/v included) is
+measured the same way to show its memory is linear in T.
+
+Extrapolation to the full shape on a GPU in bf16 (autocast, fp32 master weights + AdamW): static
+memory is counted exactly from the full-shape parameter count (trainable 16 B/param, frozen
+embedding 4 B/param); activation memory per token is the measured slope of ``osprey`` peak vs T
+times the width ratio (every activation tensor is ``[T, width]``) times 1/2 (bf16); plus one
+``[chunk, V]`` logits block (fp32, x3 for logits/softmax/grad).
+
+Usage: ``python benchmarks/distill_bench.py [--scale 8] [--vocab-scale 8] [--seqs 512,1024,2048,4096]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+FULL = dict(d=2560, d_target=4096, intermediate=9728, heads=32, kv_heads=8, head_dim=128, vocab=151936,
+            layers=2, taps=3, K=5)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def _reset_hwm() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def shape(scale: int, vocab_scale: int) -> dict:
+    s = dict(FULL)
+    s["d"] = FULL["d"] // scale
+    s["d_target"] = FULL["d_target"] // scale
+    s["intermediate"] = FULL["intermediate"] // scale
+    s["heads"] = max(1, FULL["heads"] // scale)
+    s["kv_heads"] = max(1, FULL["kv_heads"] // scale)
+    s["head_dim"] = s["d"] // s["heads"]
+    s["vocab"] = FULL["vocab"] // vocab_scale
+    return s
+
+
+def build(sh: dict):
+    import torch
+
+    from osprey_train.models import DrafterConfig
+    from osprey_train.models.io import build_drafter
+
+    cfg = DrafterConfig.from_name(
+        "tiny", arch="osprey", family="qwen3", qk_norm=True, num_layers=sh["layers"], hidden_size=sh["d"],
+        intermediate_size=sh["intermediate"], num_attention_heads=sh["heads"], num_key_value_heads=sh["kv_heads"],
+        head_dim=sh["head_dim"], vocab_size=sh["vocab"], draft_vocab_size=sh["vocab"],
+        target_hidden_size=sh["d_target"], num_taps=sh["taps"], max_position_embeddings=8192,
+        tap_layers={"layer_ids": [2, 18, 33], "convention": "hf_hidden_states"})
+    torch.manual_seed(0)
+    model = build_drafter(cfg)
+    model.model.embed_tokens.weight.requires_grad_(False)  # as distill does by default
+    return model
+
+
+def batch(sh: dict, T: int):
+    import torch
+
+    from osprey_train.ttt.unroll import PackedBatch
+
+    g = torch.Generator().manual_seed(0)
+    V, K = sh["vocab"], 8
+    lp = torch.log_softmax(torch.randn(T, 64, generator=g), -1)[:, :K]
+    return PackedBatch(input_ids_BT=torch.randint(0, V, (1, T), generator=g),
+                       doc_ids_BT=torch.zeros(1, T, dtype=torch.long), position_ids_BT=torch.arange(T)[None],
+                       taps_BTLDt=torch.randn(1, T, sh["taps"], sh["d_target"], generator=g),
+                       loss_mask_BT=torch.ones(1, T, dtype=torch.bool),
+                       topk_ids_BTK=torch.randint(0, V, (1, T, K), generator=g), topk_logprobs_BTK=lp[None])
+
+
+def naive_loss(model, b, steps, decay):
+    """Full logits of every step kept alive, materialized TTT masks."""
+    import torch
+
+    from osprey_train.ttt.unroll import initial_condition, shift_left, step_valid, ttt_hidden_states
+
+    cond0 = initial_condition(model, b.taps_BTLDt, b.doc_ids_BT)
+    hs = ttt_hidden_states(model, b.input_ids_BT, cond0, b.position_ids_BT, b.doc_ids_BT, steps, impl="naive")
+    logits = [model.logits(h).float() for h in hs]      # K x [T, V] fp32, all alive
+    total = 0.0
+    for k, lg in enumerate(logits):
+        mask = shift_left(b.loss_mask_BT, k, False) & step_valid(b.doc_ids_BT, k)
+        ids = shift_left(b.topk_ids_BTK, k, 0)[mask].long()
+        p = torch.softmax(shift_left(b.topk_logprobs_BTK, k, 0.0)[mask], -1)
+        logq = torch.log_softmax(lg[mask], -1).gather(1, ids)
+        total = total + decay ** k * -(p * logq).sum(-1).mean()
+    return total
+
+
+def worker(impl: str, T: int, scale: int, vocab_scale: int, ckpt: bool) -> dict:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    from osprey_train.ttt.unroll import ttt_loss
+
+    sh = shape(scale, vocab_scale)
+    if impl == "attention":
+        from osprey_train.ttt.attention import TTTAttention
+
+        g = torch.Generator().manual_seed(0)
+        H, Hk, hd = sh["heads"], sh["kv_heads"], FULL["head_dim"]
+
+        def attn_step(n):
+            qkv = [[torch.randn(1, h, n, hd, generator=g).requires_grad_() for h in (H, Hk, Hk)] for _ in range(5)]
+            attn = TTTAttention(None, impl=os.environ.get("BENCH_ATTN", "sdpa"))
+            out = sum(attn.at_step(k)(0, *qkv[k]).sum() for k in range(5))
+            out.backward()
+
+        attn_step(16)  # warm-up: load kernels outside the measurement
+        before = _status("VmRSS")
+        _reset_hwm()
+        t0 = time.perf_counter()
+        attn_step(T)   # (includes the q/k/v inputs: they are per-token memory too)
+        return {"peak": _status("VmHWM") - before, "step_s": time.perf_counter() - t0}
+    model = build(sh).train()
+    b = batch(sh, 16)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        if impl == "osprey":
+            loss = ttt_loss(model, b, steps=FULL["K"], decay=0.8, target_dist="renorm", impl="sdpa",
+                            chunk_size=1024, checkpoint_steps=ckpt).loss
+        else:
+            loss = naive_loss(model, b, FULL["K"], 0.8)
+        loss.backward()
+        return float(loss)
+
+    step()  # warm-up at T=16: lazy kernel/library initialization stays out of the measurement
+    model.zero_grad(set_to_none=True)
+    b = batch(sh, T)
+    before = _status("VmRSS")
+    _reset_hwm()
+    t0 = time.perf_counter()
+    loss = step()
+    first = time.perf_counter() - t0
+    peak = _status("VmHWM") - before
+    return {"peak": peak, "step_s": first, "loss": loss}
+
+
+def run_worker(impl, T, args, ckpt=False) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    cmd = [sys.executable, __file__, "--worker", impl, "--T", str(T), "--scale", str(args.scale),
+           "--vocab-scale", str(args.vocab_scale)] + (["--ckpt"] if ckpt else [])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"rc={out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def params_full() -> tuple[int, int]:
+    """(trainable, frozen) parameter counts of the FULL shape, on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        model = build(shape(1, 1))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    return trainable, frozen
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker")
+    ap.add_argument("--T", type=int)
+    ap.add_argument("--ckpt", action="store_true")
+    ap.add_argument("--scale", type=int, default=16)
+    ap.add_argument("--vocab-scale", type=int, default=16)
+    ap.add_argument("--seqs", default="512,1024,2048,4096")
+    ap.add_argument("--naive-max", type=int, default=4096, help="largest T run with the naive implementation")
+    ap.add_argument("--timeout", type=int, default=900)
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.T, args.scale, args.vocab_scale, args.ckpt)))
+        return
+
+    seqs = [int(s) for s in args.seqs.split(",")]
+    sh = shape(args.scale, args.vocab_scale)
+    print(f"scaled shape (widths / {args.scale}, vocab / {args.vocab_scale}): {sh}")
+    GB = 2**30
+    rows = {}
+    print(f"{'T':>6} | {'osprey GB':>9} {'s':>6} | {'osprey+ckpt GB':>14} | {'naive GB':>9} {'s':>6} | "
+          f"{'mem naive/osprey':>16} | {'attn GB':>8}")
+    for T in seqs:
+        o = run_worker("osprey", T, args)
+        c = run_worker("osprey", T, args, ckpt=True)
+        n = run_worker("naive", T, args) if T <= args.naive_max else {"error": "skipped"}
+        a = run_worker("attention", T, args)
+        rows[T] = (o, c, n, a)
+        fmt = lambda r, k: f"{r[k] / GB:.3f}" if k in r else "  -  "  # noqa: E731
+        ft = lambda r: f"{r['step_s']:.1f}" if "step_s" in r else " - "  # noqa: E731
+        ratio = f"{n['peak'] / o['peak']:.2f}x" if "peak" in n and "peak" in o else "-"
+        print(f"{T:>6} | {fmt(o, 'peak'):>9} {ft(o):>6} | {fmt(c, 'peak'):>14} | {fmt(n, 'peak'):>9} {ft(n):>6} | "
+              f"{ratio:>16} | {fmt(a, 'peak'):>8}", flush=True)
+
+    import numpy as np
+
+    Ts = np.array([T for T in seqs if "peak" in rows[T][0]], dtype=float)
+    peaks = np.array([rows[int(T)][0]["peak"] for T in Ts], dtype=float)
+    # Fit on T >= the loss chunk: below it the logits block itself still grows with T.
+    fit = Ts >= 1024 if (Ts >= 1024).sum() >= 2 else np.ones_like(Ts, dtype=bool)
+    slope, icpt = np.polyfit(Ts[fit], peaks[fit], 1)
+    # Linearity: a quadratic term would make peak(Tmax)/peak(Tmin) grow like (Tmax/Tmin)^2.
+    growth = peaks[-1] / peaks[0] if len(peaks) > 1 else float("nan")
+    a_peaks = np.array([rows[int(T)][3].get("peak", np.nan) for T in Ts])
+    a_growth = a_peaks[-1] / a_peaks[0] if len(a_peaks) > 1 else float("nan")
+    ckpt_peaks = np.array([rows[int(T)][1].get("peak", np.nan) for T in Ts])
+    c_slope = np.polyfit(Ts[fit], ckpt_peaks[fit], 1)[0] if np.all(np.isfinite(ckpt_peaks)) else float("nan")
+    tr, fr = params_full()
+    static = tr * 16 + fr * 4
+    width_ratio = FULL["d"] / sh["d"]
+    act_per_tok = slope * width_ratio * 0.5
+    act_ckpt_per_tok = c_slope * width_ratio * 0.5
+    logits_chunk = 1024 * FULL["vocab"] * 4 * 3
+    est = (static + act_per_tok * 4096 + logits_chunk) / GB
+    est_ckpt = (static + act_ckpt_per_tok * 4096 + logits_chunk) / GB
+    print(f"\nosprey peak growth {Ts[0]:.0f}->{Ts[-1]:.0f} tokens: {growth:.2f}x for {Ts[-1] / Ts[0]:.0f}x tokens "
+          f"(linear fit {slope / 2**10:.1f} KiB/token + {icpt / GB:.2f} GB); attention-only growth {a_growth:.2f}x")
+    print(f"full shape: {tr / 1e6:.0f}M trainable + {fr / 1e6:.0f}M frozen params -> {static / GB:.1f} GB static "
+          f"(fp32 master + AdamW); activations {act_per_tok / 2**10:.0f} KiB/token bf16 "
+          f"({act_ckpt_per_tok / 2**10:.0f} with --gradient-checkpointing); logits chunk {logits_chunk / GB:.2f} GB")
+    print(f"estimated GPU peak at T=4096, bf16: {est:.1f} GB ({est_ckpt:.1f} GB with checkpointing) vs 24 GB")
+    nT = max((T for T in seqs if "peak" in rows[T][2]), default=None)
+    ratio = rows[nT][2]["peak"] / rows[nT][0]["peak"] if nT else float("nan")
+    print(f"RESULT scale={args.scale} vocab_scale={args.vocab_scale} osprey_peak_gb_T{int(Ts[-1])}="
+          f"{peaks[-1] / GB:.3f} naive_over_osprey_mem_T{nT}={ratio:.2f} osprey_growth_{int(Ts[0])}_to_{int(Ts[-1])}="
+          f"{growth:.2f} attn_growth={a_growth:.2f} est_gpu_bf16_gb_T4096={est:.1f} "
+          f"est_gpu_bf16_ckpt_gb_T4096={est_ckpt:.1f} fits_24gb={est < 24}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""``osprey demo``: the whole recipe on SmolLM2-135M-Instruct (fetched from PyPI), with a report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+__all__ = ["demo"]
+
+
+@click.command("demo")
+@click.option("--quick", is_flag=True, help="Quick preset: <= 3 minutes on 2 CPU cores (default: full, <= 15).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("osprey-demo"), show_default=True,
+              help="Output folder (report.md, report.png, demo.json, work/).")
+@click.option("--target", default=None, help="Target model folder/.gguf/hub id (default: SmolLM2 from PyPI).")
+@click.option("--gguf-file", default=None, help="GGUF file name inside --target (a folder).")
+@click.option("--source", default=None, help="LM to prune into the drafter backbone (default: the target).")
+@click.option("--prompts", default=None, help="Prompt file (default: the prompts shipped with Osprey).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--cache", default=None, help="Model cache (default: $OSPREY_CACHE or ~/.cache/osprey).")
+@click.option("--train-prompts", type=int, default=None, help="Training prompts (preset default).")
+@click.option("--eval-prompts", type=int, default=None, help="Held-out prompts (preset default).")
+@click.option("--max-new-tokens", type=int, default=None, help="Response length cap (preset default).")
+@click.option("--prune-layers", type=int, default=None, help="Blocks kept from the source (preset default).")
+@click.option("--distill-steps", type=int, default=None, help="Distillation steps (preset default).")
+@click.option("--draft-steps", type=int, default=None, help="Draft steps S per verify step (preset default).")
+@click.option("--lr", type=float, default=None, help="Distillation learning rate (default 5e-4).")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random part.")
+def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, source: str | None,
+         prompts: str | None, device: str, cache: str | None, train_prompts: int | None,
+         eval_prompts: int | None, max_new_tokens: int | None, prune_layers: int | None,
+         distill_steps: int | None, draft_steps: int | None, lr: float | None, threads: int | None, seed: int) -> None:
+    """Fetch a small target, build stores, prune/convert/distill a drafter, evaluate offline and live."""
+    from osprey_train.demo.pipeline import DemoConfig, run
+
+    result = run(DemoConfig(out=out, quick=quick, target=target, gguf_file=gguf_file, source=source,
+                            prompts=prompts, device=device, cache=cache, train_prompts=train_prompts,
+                            eval_prompts=eval_prompts, max_new_tokens=max_new_tokens, prune_layers=prune_layers,
+                            distill_steps=distill_steps, draft_steps=draft_steps, threads=threads, seed=seed,
+                            **({} if lr is None else {"lr": lr})))
+    s = result.summary
+    click.echo(f"acceptance length: offline {s['offline']['distilled']['overall']:.3f}, "
+               f"live {s['live']['acceptance_length']:.3f}; speedup x{s['live']['speedup']:.2f}; "
+               f"report: {result.report_md}")

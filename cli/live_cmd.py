@@ -1,0 +1,49 @@
+"""``osprey eval live``: real speculative decoding with a target and a drafter, vs the target alone."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+__all__ = ["live"]
+
+
+@click.command("live")
+@click.option("--drafter", required=True, help="Drafter folder (Osprey or EAGLE-3).")
+@click.option("--target", required=True, help="Target: HF folder, .gguf file or hub id (online only).")
+@click.option("--input", "inputs", required=True, multiple=True, help="Prompt file(s); repeat for several.")
+@click.option("--gguf-file", default=None, help="GGUF file name inside --target (a folder).")
+@click.option("--steps", type=int, default=5, show_default=True, help="Draft steps per verify step.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 = greedy (lossless); > 0 = rejection sampling (keeps the target distribution).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens per prompt at most.")
+@click.option("--limit", type=int, default=None, help="At most this many prompts (round-robin over domains).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--tap-codec", type=click.Choice(["bf16", "fp8"]), default=None,
+              help="Round live taps through a store codec, as the drafter saw them in training.")
+@click.option("--no-baseline", is_flag=True, help="Skip plain decoding (no tokens/s ratio, no lossless check).")
+@click.option("--allow-target-mismatch", is_flag=True, help="Run even if the drafter's target hashes differ.")
+@click.option("--threads", type=int, default=None,
+              help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
+@click.option("--out", default=None, help="Also write the full report as JSON to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def live(drafter: str, target: str, inputs: tuple[str, ...], gguf_file: str | None, steps: int,
+         temperature: float, max_new_tokens: int, limit: int | None, device: str, seed: int,
+         tap_codec: str | None, no_baseline: bool, allow_target_mismatch: bool, threads: int | None, out: str | None,
+         as_json: bool) -> None:
+    """Speculative decoding of prompts: acceptance length per domain, tokens/s vs the target alone."""
+    from osprey_train.evaluation.live import LiveConfig, run
+
+    report = run(LiveConfig(drafter=drafter, target=target, inputs=inputs, gguf_file=gguf_file, steps=steps,
+                            temperature=temperature, max_new_tokens=max_new_tokens, limit=limit, device=device,
+                            seed=seed, tap_codec=tap_codec, baseline=not no_baseline,
+                            allow_target_mismatch=allow_target_mismatch, threads=threads, out=out,
+                            progress=not as_json))
+    if as_json:
+        doc = report.to_dict()
+        doc.pop("samples")
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(report.to_markdown(), nl=False)

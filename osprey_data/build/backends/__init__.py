@@ -1,0 +1,19 @@
+"""Builder backends by name. Importing this package never imports SGLang (it is optional)."""
+
+from __future__ import annotations
+
+from osprey_data.build.backends.base import (
+    GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend, request_seed,
+)
+from osprey_data.build.backends.hf import HFBackend
+from osprey_data.build.backends.sglang import SGLangBackend
+
+__all__ = [
+    "BACKENDS", "TargetBackend", "GenerationRequest", "GenerationResult", "SamplingParams",
+    "SequenceFeatures", "request_seed", "HFBackend", "SGLangBackend",
+]
+
+BACKENDS: dict[str, type[TargetBackend]] = {
+    "hf": HFBackend,
+    "sglang": SGLangBackend,
+}

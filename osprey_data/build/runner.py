@@ -1,0 +1,369 @@
+"""``run(config)``: the builder's main loop — inputs in, a feature store out.
+
+Order of work: read and check every input first (a malformed line fails before a multi-GB
+model is loaded), load the backend, open the store (refusing, with the differing setting named,
+a store built with another content-affecting config), then process this worker's samples in
+fixed batches: generate the assistant turns round by round, render + mask, apply the length
+policy, prefill for features, write.
+
+Resume: batches are fixed slices of this worker's sample list, independent of what is already
+done, so a rerun after a crash skips the batches whose samples are all committed and recomputes
+at most the one batch that was being written — with exactly the same batch composition, hence
+bit-identical features. Only samples not yet committed are written: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from osprey_data.build.backends import BACKENDS, GenerationRequest, SamplingParams, TargetBackend, request_seed
+from osprey_data.build.chat_template import ChatRenderer, RenderedSample
+from osprey_data.build.config import BuildConfig
+from osprey_data.build.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
+from osprey_data.build.features import make_record, non_finite_reason
+from osprey_data.build.inputs import InputSample, iter_inputs
+from osprey_data.build.partition import belongs_to
+from osprey_data.build.target import chat_template_hash, default_tap_layers
+from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, StoreNotFoundError
+
+__all__ = ["run", "BuildSummary", "BUILDER_VERSION", "make_header", "SKIP_REASONS"]
+
+# Bump when the builder's output for the same config changes meaning (part of the header).
+BUILDER_VERSION = "osprey-builder/1"
+
+# Reasons a sample is not written (summary keys, prefixes of errors-file reasons).
+SKIP_REASONS = ("input_error", "too_long", "non_finite")
+
+
+@dataclass
+class BuildSummary:
+    """What one ``run`` did."""
+
+    store: str
+    worker_index: int
+    num_workers: int
+    samples_written: int = 0
+    tokens_written: int = 0
+    generated_tokens: int = 0
+    """Tokens the target generated (all regenerated turns, including samples later skipped)."""
+    already_done: int = 0
+    """Samples of this worker found committed by an earlier run (resume)."""
+    already_skipped: int = 0
+    """Samples an earlier run already reported in the errors file (not retried)."""
+    truncated: int = 0
+    """Written samples cut to ``max_length``."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Reason -> samples not written (each also in the store's errors file)."""
+    bytes_per_token: float | None = None
+    """Stored bytes per token over this worker's shards."""
+    wall_s: float = 0.0
+    """Whole run, model loading included."""
+    load_s: float = 0.0
+    """Reading inputs and loading the target (excluded from the rates)."""
+
+    @property
+    def work_s(self) -> float:
+        return max(self.wall_s - self.load_s, 0.0)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_written / self.work_s if self.work_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_written / self.work_s if self.work_s > 0 else 0.0
+
+    def format(self) -> str:
+        skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
+        bpt = f"{self.bytes_per_token:.1f}" if self.bytes_per_token is not None else "n/a"
+        worker = f" (worker {self.worker_index}/{self.num_workers})" if self.num_workers > 1 else ""
+        return (f"built {self.store}{worker}: {self.samples_written} samples written, "
+                f"{self.tokens_written} tokens ({self.generated_tokens} generated), {self.already_done} already done"
+                f"{f' ({self.already_skipped} skipped before)' if self.already_skipped else ''}, "
+                f"{self.truncated} truncated, skipped: {skipped}; {bpt} bytes/token; "
+                f"{self.wall_s:.1f} s wall, {self.load_s:.1f} s loading; {self.samples_per_s:.2f} samples/s, "
+                f"{self.tokens_per_s:.1f} tokens/s")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__},
+                "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s}
+
+
+# --- header ---------------------------------------------------------------------------------
+
+
+def make_header(config: BuildConfig, backend: TargetBackend):
+    """The store header of this build: identity, taps, codec and the content-affecting config."""
+    from osprey_data.store import StoreHeader, TapLayers
+
+    identity = backend.identity
+    if config.layers is not None:
+        bad = [i for i in config.layers if i > identity.num_layers]
+        if bad:
+            raise ConfigError(f"--layers {list(config.layers)}: ids {bad} exceed the target's "
+                              f"{identity.num_layers} layers (valid: 0..{identity.num_layers})")
+        taps = TapLayers(layer_ids=tuple(config.layers))
+    else:
+        taps = default_tap_layers(identity.num_layers)
+    build_config = config.content_settings()
+    build_config["dtype"] = identity.dtype  # "auto" resolved: the dtype actually used
+    build_config["layers"] = list(taps.layer_ids)
+    template_hash = chat_template_hash(backend.tokenizer)
+    fingerprint_doc = {"build_config": build_config, "target": identity.to_dict(), "taps": taps.to_dict(),
+                       "chat_template_hash": template_hash, "builder_version": BUILDER_VERSION}
+    fingerprint = hashlib.sha256(json.dumps(fingerprint_doc, sort_keys=True).encode()).hexdigest()
+    return StoreHeader(
+        target=identity, taps=taps, topk=config.topk, hidden_codec=config.hidden_codec,
+        has_final_hidden=config.final_hidden, chat_template_hash=template_hash,
+        generation=config.generation_dict(), build_fingerprint=fingerprint,
+        build_config=build_config, builder_version=BUILDER_VERSION,
+    )
+
+
+def _check_existing_store(config: BuildConfig, header: Any) -> None:
+    """Refuse to resume into a store built with other content settings, naming them."""
+    from osprey_data.store import StoreReader
+
+    try:
+        old = StoreReader(config.out, storage_options=config.storage_options).header
+    except StoreNotFoundError:
+        return
+    if old == header:
+        return
+    diffs = []
+    for key in sorted(set(old.build_config) | set(header.build_config)):
+        a, b = old.build_config.get(key), header.build_config.get(key)
+        if a != b:
+            diffs.append(f"setting --{key.replace('_', '-')} differs (store: {a!r}, this run: {b!r})")
+    if old.target != header.target:
+        fields = [k for k, v in old.target.to_dict().items() if header.target.to_dict()[k] != v]
+        diffs.append(f"the target differs in {', '.join(fields)} (store: {old.target.name_or_path!r}, "
+                     f"this run: {header.target.name_or_path!r})")
+    if old.chat_template_hash != header.chat_template_hash:
+        diffs.append("the target's chat template differs")
+    if old.builder_version != header.builder_version:
+        diffs.append(f"builder version differs (store: {old.builder_version}, this run: {header.builder_version})")
+    for name in ("topk", "hidden_codec", "has_final_hidden", "taps"):
+        if getattr(old, name) != getattr(header, name) and not any(name in d for d in diffs):
+            diffs.append(f"{name} differs (store: {getattr(old, name)!r}, this run: {getattr(header, name)!r})")
+    raise ManifestMismatchError(
+        f"{config.out}: store was built with a different configuration: {'; '.join(diffs) or 'header differs'}. "
+        f"Rerun with the store's settings to resume, or build into another --out.")
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+def _read_inputs(config: BuildConfig) -> tuple[list[InputSample], list[dict]]:
+    """This worker's samples (limit applied before the partition) and its input errors."""
+    errors: list[dict] = []
+
+    def sink(sample_id: str | None, file: str | None, line: int | None, reason: str) -> None:
+        if belongs_to(f"{file}:{line}", config.worker_index, config.num_workers):
+            errors.append({"sample_id": sample_id, "file": file, "line": line,
+                           "reason": f"input_error: {reason}"})
+
+    samples: list[InputSample] = []
+    for sample in iter_inputs(config.inputs, on_error=config.on_error, error_sink=sink):
+        if config.limit is not None and len(samples) >= config.limit:
+            break
+        samples.append(sample)
+    mine = [s for s in samples if belongs_to(s.sample_id, config.worker_index, config.num_workers)]
+    return mine, errors
+
+
+def _error_key(e: dict) -> tuple:
+    return (e.get("sample_id"), e.get("file"), e.get("line"), e.get("reason"))
+
+
+# --- one batch ------------------------------------------------------------------------------
+
+
+class _BatchProcessor:
+    """Generation rounds, rendering, length policy and prefill for one batch of samples."""
+
+    def __init__(self, config: BuildConfig, backend: TargetBackend, renderer: ChatRenderer, header: Any):
+        self.config, self.backend, self.renderer, self.header = config, backend, renderer, header
+        self.generated_tokens = 0
+        self.params = SamplingParams(max_new_tokens=config.max_new_tokens,
+                                     temperature=config.temperature, top_p=config.top_p)
+
+    def _generate(self, dialogues: list[Dialogue]) -> None:
+        cfg = self.config
+        while True:
+            requests: list[tuple[Dialogue, int, GenerationRequest]] = []
+            for d in dialogues:
+                j = d.next_turn
+                if j is None or d.skip_reason is not None:
+                    continue
+                prompt = self.renderer.generation_prompt_ids(d.messages[:j])
+                if len(prompt) >= cfg.max_length:
+                    if cfg.overflow == "skip":
+                        d.skip_reason = f"too_long: prompt of turn {j} has {len(prompt)} tokens >= --max-length {cfg.max_length}"
+                    elif any(m["role"] == "assistant" for m in d.messages[:j]):
+                        # nothing from this turn on can fit: drop it and the later turns
+                        d.messages, d.pending, d.truncated = d.messages[:j], [], True
+                    else:
+                        d.skip_reason = (f"too_long: the first prompt has {len(prompt)} tokens >= "
+                                         f"--max-length {cfg.max_length}, no room for a response")
+                    continue
+                seed = request_seed(cfg.seed, d.sample.sample_id, j)
+                requests.append((d, j, GenerationRequest(prompt_ids=tuple(prompt), seed=seed)))
+            if not requests:
+                return
+            results = self.backend.generate([r for _, _, r in requests], self.params)
+            self.generated_tokens += sum(len(r.token_ids) for r in results)
+            for (d, j, _), res in zip(requests, results):
+                d.messages[j] = {"role": "assistant", "content": self.renderer.decode_response(res.token_ids)}
+                d.finish_reasons.append(res.finish_reason)
+                d.pending.pop(0)
+
+    def _render(self, d: Dialogue) -> RenderedSample:
+        cfg = self.config
+        s = d.sample
+        rendered = self.renderer.render_preformatted(s.text) if s.is_text else self.renderer.render(d.messages)
+        if rendered.num_tokens > cfg.max_length:
+            if cfg.overflow == "skip":
+                d.skip_reason = f"too_long: {rendered.num_tokens} tokens > --max-length {cfg.max_length}"
+                return rendered
+            rendered = rendered.truncate(cfg.max_length)
+            d.truncated = True
+        if not rendered.loss_mask.any():
+            d.skip_reason = (f"too_long: no assistant token left within --max-length {cfg.max_length}")
+        return rendered
+
+    def process(self, samples: list[InputSample], on_sample_error) -> list[tuple[InputSample, Any, str | None]]:
+        """Returns (sample, record or None, skip reason or None) for every sample, in order."""
+        cfg = self.config
+        dialogues: list[Dialogue] = []
+        results: dict[int, tuple[Any, str | None]] = {}
+        for k, s in enumerate(samples):
+            try:
+                dialogues.append(plan_dialogue(s, regenerate=cfg.regenerate, last_turn_only=cfg.last_turn_only))
+            except InputError as exc:
+                results[k] = (None, on_sample_error(s, exc))
+                dialogues.append(None)  # type: ignore[arg-type]
+        live = [d for d in dialogues if d is not None]
+        self._generate(live)
+        rendered: dict[int, RenderedSample] = {}
+        for k, d in enumerate(dialogues):
+            if d is None:
+                continue
+            if d.skip_reason is None:
+                try:
+                    r = self._render(d)
+                except InputError as exc:
+                    results[k] = (None, on_sample_error(d.sample, exc))
+                    continue
+                if d.skip_reason is None:
+                    rendered[k] = r
+            if d.skip_reason is not None:
+                results[k] = (None, d.skip_reason)
+        order = sorted(rendered)
+        feats = self.backend.features([rendered[k].token_ids for k in order], taps=self.header.taps.layer_ids,
+                                      topk=cfg.topk, final_hidden=cfg.final_hidden)
+        for k, f in zip(order, feats):
+            d = dialogues[k]
+            reason = non_finite_reason(f)
+            if reason is not None:
+                results[k] = (None, f"non_finite: {reason}")
+                continue
+            s = d.sample
+            conversation = [{"role": "text", "content": s.text}] if s.is_text else d.messages
+            record = make_record(sample_id=s.sample_id, domain=s.domain, source=s.source,
+                                 conversation=conversation, rendered=rendered[k], features=f,
+                                 finish_reason=combine_finish_reasons(d))
+            results[k] = (record, None)
+        return [(s, *results[k]) for k, s in enumerate(samples)]
+
+
+# --- main loop ------------------------------------------------------------------------------
+
+
+def run(config: BuildConfig) -> BuildSummary:
+    """Build (or resume building) the store ``config.out``; returns the summary."""
+    from tqdm.auto import tqdm
+
+    from osprey_data.store import StoreWriter
+    from osprey_data.store.merge import read_journal
+
+    t0 = time.perf_counter()
+    samples, input_errors = _read_inputs(config)
+    backend = BACKENDS[config.backend](config)
+    try:
+        renderer = ChatRenderer(backend.tokenizer, stop_ids=backend.stop_ids,
+                                template_kwargs=config.chat_template_kwargs)
+        header = make_header(config, backend)
+        _check_existing_store(config, header)
+        summary = BuildSummary(store=config.out, worker_index=config.worker_index, num_workers=config.num_workers,
+                               load_s=time.perf_counter() - t0)
+        skipped: Counter[str] = Counter()
+        writer = StoreWriter(config.out, header, worker_index=config.worker_index,
+                             num_workers=config.num_workers, shard_max_tokens=config.shard_max_tokens,
+                             storage_options=config.storage_options)
+        with writer:
+            journal = f"{writer.worker}.json"
+            known = {_error_key(e) for e in read_journal(writer.fs, journal)["errors"]} \
+                if journal in writer.fs.listdir("workers") else set()
+
+            def record_error(e: dict) -> None:
+                if _error_key(e) not in known:  # a resumed run meets the same bad input again
+                    known.add(_error_key(e))
+                    writer.record_error(**e)
+
+            for e in input_errors:
+                record_error(e)
+                skipped["input_error"] += 1
+
+            def on_sample_error(s: InputSample, exc: Exception) -> str:
+                if config.on_error == "raise":
+                    raise InputError(f"{s.file}:{s.line} (sample {s.sample_id!r}): {exc}") from exc
+                return f"input_error: {exc}"
+
+            committed = writer.done_sample_ids()
+            summary.already_done = sum(s.sample_id in committed for s in samples)
+            # Samples an earlier run already reported to the errors file count as handled too.
+            reported = {(k[0], k[1], k[2]) for k in known}
+            skipped_before = {s.sample_id for s in samples
+                              if s.sample_id not in committed and (s.sample_id, s.file, s.line) in reported}
+            summary.already_skipped = len(skipped_before)
+            done = committed | skipped_before
+            processor = _BatchProcessor(config, backend, renderer, header)
+            batches = [samples[i:i + config.batch_size] for i in range(0, len(samples), config.batch_size)]
+            t_work = time.perf_counter()
+            bar = tqdm(total=len(samples) - summary.already_done - summary.already_skipped, unit="sample",
+                       disable=not config.progress, dynamic_ncols=True,
+                       desc=f"build w{config.worker_index}/{config.num_workers}")
+            with bar:
+                for batch in batches:
+                    if all(s.sample_id in done for s in batch):
+                        continue
+                    for s, record, reason in processor.process(batch, on_sample_error):
+                        if s.sample_id in done:
+                            continue  # committed by an earlier run; recomputed only for batch identity
+                        if record is not None:
+                            writer.add(record)
+                            summary.samples_written += 1
+                            summary.tokens_written += int(record.token_ids.shape[0])
+                            summary.truncated += record.finish_reason == "truncated"
+                        else:
+                            skipped[reason.split(":", 1)[0]] += 1
+                            record_error({"sample_id": s.sample_id, "file": s.file, "line": s.line,
+                                          "reason": reason})
+                        bar.update(1)
+                    elapsed = time.perf_counter() - t_work
+                    bar.set_postfix(tok_s=f"{summary.tokens_written / max(elapsed, 1e-9):.0f}")
+        summary.generated_tokens = processor.generated_tokens
+        shards = read_journal(writer.fs, f"{writer.worker}.json")["shards"]
+        tokens = sum(s["num_tokens"] for s in shards)
+        summary.bytes_per_token = sum(s["num_bytes"] for s in shards) / tokens if tokens else None
+        summary.skipped = dict(skipped)
+    finally:
+        backend.close()
+    summary.wall_s = time.perf_counter() - t0
+    return summary

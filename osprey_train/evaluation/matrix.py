@@ -1,0 +1,182 @@
+"""Cross-domain acceptance matrix: drafters x eval stores -> markdown table + heatmap PNG.
+
+Each drafter and each store carries a *label* (``NAME=PATH`` on the command line, e.g.
+``math=runs/math/final`` and ``math=stores/math-eval``). A cell is *in-domain* when the drafter's
+label equals the store's label, *out-of-domain* otherwise (a drafter trained on a mix, e.g.
+label ``mix``, has no in-domain store and only an out-of-domain mean). Per drafter the table
+reports the in-domain mean and out-of-domain mean of its acceptance lengths, as in the paper's
+cross-domain tables. Proxy cells (sampled responses) are marked with ``*``.
+
+``run(MatrixConfig)`` writes ``matrix.md``, ``matrix.json`` and ``matrix.png`` into ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from osprey_data.errors import ConfigError
+
+__all__ = ["MatrixConfig", "MatrixResult", "parse_labeled", "run", "to_markdown", "plot_heatmap",
+           "summarize"]
+
+
+def parse_labeled(items: list[str] | tuple[str, ...], what: str) -> list[tuple[str, str]]:
+    """``NAME=PATH`` (or bare ``PATH``, labeled by its folder name) -> [(name, path)]."""
+    out: list[tuple[str, str]] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            path = item
+            name = Path(item.rstrip("/")).name or item
+        if not name or not path:
+            raise ConfigError(f"matrix: bad {what} {item!r}; use NAME=PATH")
+        out.append((name, path))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"matrix: duplicate {what} labels in {names}; give each a unique NAME=")
+    return out
+
+
+@dataclass(kw_only=True)
+class MatrixConfig:
+    """Options of ``osprey eval matrix``."""
+
+    drafters: list[tuple[str, str]]
+    """(label, drafter folder) pairs."""
+    stores: list[tuple[str, str]]
+    """(label, eval store) pairs; label == drafter label marks the in-domain cell."""
+    out: Path
+    """Output folder for matrix.md / matrix.json / matrix.png."""
+    steps: int = 5
+    """Draft length S."""
+    max_samples: int = 0
+    """Samples per store (0 = all)."""
+    device: str = "cpu"
+    """Device for the drafters."""
+    attention: str = "sdpa"
+    """TTT attention implementation used to draft all positions (sdpa, eager, flex)."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if not self.drafters or not self.stores:
+            raise ConfigError("matrix: give at least one --drafter and one --store")
+        if self.steps < 1:
+            raise ConfigError(f"matrix: --steps must be >= 1, got {self.steps}")
+        if self.max_samples < 0:
+            raise ConfigError(f"matrix: --max-samples must be >= 0, got {self.max_samples}")
+
+
+@dataclass
+class MatrixResult:
+    drafters: list[str]
+    stores: list[str]
+    values: list[list[float]]
+    """values[i][j]: acceptance length of drafter i on store j."""
+    proxy: list[bool]
+    """proxy[j]: store j's figures are proxies."""
+    steps: int
+    summary: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+def summarize(drafters: list[str], stores: list[str], values: list[list[float]]) -> dict[str, dict]:
+    """Per drafter: in-domain mean (cells with equal labels) and out-of-domain mean."""
+    out = {}
+    for i, d in enumerate(drafters):
+        ind = [values[i][j] for j, s in enumerate(stores) if s == d]
+        ood = [values[i][j] for j, s in enumerate(stores) if s != d]
+        out[d] = {"in_domain": sum(ind) / len(ind) if ind else None,
+                  "out_of_domain": sum(ood) / len(ood) if ood else None}
+    return out
+
+
+def to_markdown(res: MatrixResult) -> str:
+    fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    head = ["drafter \\ store"] + [s + ("*" if p else "") for s, p in zip(res.stores, res.proxy)]
+    head += ["in-domain", "out-of-domain mean"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, d in enumerate(res.drafters):
+        cells = []
+        for j, s in enumerate(res.stores):
+            v = f"{res.values[i][j]:.2f}"
+            cells.append(f"**{v}**" if s == d else v)
+        sm = res.summary[d]
+        lines.append("| " + " | ".join([d, *cells, fmt(sm["in_domain"]), fmt(sm["out_of_domain"])]) + " |")
+    note = f"\nAcceptance length (tokens per verify step, greedy chain, S={res.steps}); bold = in-domain."
+    if any(res.proxy):
+        note += " * = proxy (store responses not generated greedily by the target)."
+    return "\n".join(lines) + "\n" + note + "\n"
+
+
+def plot_heatmap(res: MatrixResult, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    vals = np.asarray(res.values, dtype=float)
+    fig, ax = plt.subplots(figsize=(1.4 + 1.1 * len(res.stores), 1.0 + 0.6 * len(res.drafters)))
+    im = ax.imshow(vals, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(res.stores)), [s + ("*" if p else "") for s, p in zip(res.stores, res.proxy)],
+                  rotation=30, ha="right")
+    ax.set_yticks(range(len(res.drafters)), res.drafters)
+    for i in range(vals.shape[0]):
+        for j in range(vals.shape[1]):
+            bold = res.drafters[i] == res.stores[j]
+            ax.text(j, i, f"{vals[i, j]:.2f}", ha="center", va="center", color="w",
+                    fontweight="bold" if bold else "normal")
+    ax.set_xlabel("eval store")
+    ax.set_ylabel("drafter")
+    ax.set_title(f"acceptance length (S={res.steps})")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run(cfg: MatrixConfig) -> MatrixResult:
+    """Evaluate every drafter on every store and write the table, JSON and heatmap."""
+    from osprey_data.store import StoreReader
+    from osprey_train.evaluation.acceptance import evaluate_acceptance
+    from osprey_train.models import load_drafter
+    from osprey_train.stages.distill import check_compatible
+
+    readers = [(name, StoreReader(url)) for name, url in cfg.stores]
+    values: list[list[float]] = []
+    proxy = [False] * len(readers)
+    for dname, dpath in cfg.drafters:
+        drafter = load_drafter(dpath, device=cfg.device)
+        row = []
+        for j, (sname, reader) in enumerate(readers):
+            check_compatible(drafter.config, reader.header, f"matrix: drafter {dname!r} on store {sname!r}")
+            rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
+                                      impl=cfg.attention, progress=cfg.progress)
+            row.append(rep.overall)
+            proxy[j] = proxy[j] or rep.proxy
+        values.append(row)
+    res = MatrixResult(drafters=[d for d, _ in cfg.drafters], stores=[s for s, _ in cfg.stores],
+                       values=values, proxy=proxy, steps=cfg.steps)
+    res.summary = summarize(res.drafters, res.stores, values)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    md, js, png = cfg.out / "matrix.md", cfg.out / "matrix.json", cfg.out / "matrix.png"
+    _write(md, to_markdown(res))
+    plot_heatmap(res, png)
+    res.paths = {"markdown": str(md), "json": str(js), "png": str(png)}
+    _write(js, json.dumps({"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy,
+                           "steps": cfg.steps, "summary": res.summary}, indent=2))
+    return res

@@ -1,0 +1,214 @@
+"""The speculative-decoding loop (chain drafting) and plain decoding, over one HF target.
+
+The loop is written against two small interfaces so that the accept/reject logic can be tested
+with stub drafters whose logits are fixed, and run for real with an Osprey or EAGLE-3 drafter
+(:mod:`osprey_train.evaluation.live_drafter`):
+
+- :class:`HFTargetSession` wraps a transformers causal LM with a ``DynamicCache``. Its cache
+  always covers the committed tokens except the last one; a verify call feeds
+  ``[last committed, d_1..d_S]`` and the cache is cropped back after acceptance.
+- :class:`DraftSession` proposes ``S`` tokens given the committed ids and the target's tapped
+  hidden states of the newly committed positions.
+
+Position conventions (shared with offline acceptance): position ``t`` holds token ``x_t``; the
+target's taps at ``t`` (from ``output_hidden_states``) predict ``x_{t+1}``; the drafter consumes
+``(x_t, taps_{t-1})`` at position ``t``. The first verify step happens right after the prompt's
+prefill, with the prompt's last token as the committed token, so every generated token comes
+out of a verify step and ``acceptance length = generated tokens / verify steps``.
+
+Legend: T tokens, L taps, Dt target hidden, S draft steps, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from osprey_train.evaluation.verify import probs_from_logits, sample_from, verify_greedy, verify_sampling
+
+__all__ = [
+    "DraftSession",
+    "HFTargetSession",
+    "GenerationResult",
+    "speculative_generate",
+    "plain_generate",
+]
+
+
+class DraftSession(Protocol):
+    """A drafter bound to one sequence (its own KV cache)."""
+
+    def reset(self) -> None:
+        """Forget the previous sequence."""
+
+    def propose(self, ids: Sequence[int], new_taps_TLDt: torch.Tensor, num_steps: int,
+                temperature: float, generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+        """Propose ``num_steps`` target-vocabulary ids following ``ids``.
+
+        ``new_taps_TLDt`` are the target taps of the positions committed since the last call
+        (positions ``len(ids_before) - 1 .. len(ids) - 2``; on the first call ``0 .. len(ids) - 2``).
+        Returns the drafts and, when ``temperature > 0``, the (S, V) distributions they were
+        sampled from, over the target vocabulary.
+        """
+
+
+@dataclass
+class GenerationResult:
+    """One generated continuation and its verify-step statistics."""
+
+    output_ids: list[int]
+    """Generated token ids (prompt excluded), cut after EOS or at ``max_new_tokens``."""
+    accept_lengths: list[int] = field(default_factory=list)
+    """Tokens emitted per verify step (accepted drafts + 1); empty for plain decoding."""
+    drafted: list[int] = field(default_factory=list)
+    """Drafts proposed per verify step (S, fewer near the token budget)."""
+    accepted: list[int] = field(default_factory=list)
+    """Drafts accepted per verify step (and emitted: an EOS or the budget can cut them)."""
+    finish_reason: str = "length"
+    """``"stop"`` when an EOS id was produced, else ``"length"``."""
+    seconds: float = 0.0
+    """Wall time of the generation, prefill included."""
+    target_forwards: int = 0
+    """Number of target forward passes (prefill included)."""
+
+
+def _has_sliding_layers(cache: Any) -> bool:
+    return any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", []))
+
+
+class HFTargetSession:
+    """A transformers causal LM with a rollback-able KV cache and hidden-state taps."""
+
+    def __init__(self, model: Any, tap_layers: Sequence[int] = ()) -> None:
+        self.model = model
+        self.tap_layers = tuple(int(i) for i in tap_layers)
+        self.device = next(model.parameters()).device
+        self.cache: Any = None
+        self.length = 0
+        self.forwards = 0
+        # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both generations
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        # sliding-window layers (Gemma-3) drop old states unless told to keep them for rollback
+        if _has_sliding_layers(self.cache) and hasattr(self.cache, "activate_past_recording"):
+            self.cache.activate_past_recording()
+        self.length = 0
+        self.forwards = 0
+
+    @torch.no_grad()
+    def forward(self, ids: Sequence[int], *, want_taps: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ``ids`` after the cached ones; return float32 logits (T, V) and taps (T, L, Dt)."""
+        num = len(ids)
+        input_ids_BT = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
+        out = self.model(input_ids=input_ids_BT, position_ids=position_ids_BT, use_cache=True,
+                         output_hidden_states=want_taps, **{self._cache_kw: self.cache})
+        # DynamicCache is updated in place; self.cache stays the live object
+        self.length += num
+        self.forwards += 1
+        taps_TLDt = None
+        if want_taps:
+            taps_TLDt = torch.stack([out.hidden_states[i][0] for i in self.tap_layers], dim=1).float()
+        return out.logits[0].float(), taps_TLDt
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions (roll back rejected drafts)."""
+        remove = self.length - length
+        if remove < 0:
+            raise ValueError(f"cannot crop a cache of {self.length} positions to {length}")
+        if remove:
+            self.cache.crop(-remove)  # transformers >= 5: negative = number of tokens to remove
+            self.length = length
+
+
+def _choose(logits_V: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(logits_V.argmax())
+    return sample_from(probs_from_logits(logits_V, temperature), generator)
+
+
+def _cut(new_ids: list[int], eos_ids: frozenset[int], room: int) -> tuple[list[int], bool]:
+    """Cut ``new_ids`` after the first EOS and to ``room`` tokens; say whether EOS was hit."""
+    for i, token in enumerate(new_ids[:room]):
+        if token in eos_ids:
+            return new_ids[: i + 1], True
+    return new_ids[:room], False
+
+
+def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_ids: Sequence[int], *,
+                         num_steps: int, max_new_tokens: int, temperature: float = 0.0,
+                         eos_ids: Sequence[int] = (), generator: torch.Generator | None = None) -> GenerationResult:
+    """Generate with chain speculative decoding; greedy when ``temperature == 0``."""
+    if len(prompt_ids) < 1:
+        raise ValueError("speculative decoding needs a non-empty prompt")
+    eos = frozenset(int(i) for i in eos_ids)
+    start = time.perf_counter()
+    target.reset()
+    drafter.reset()
+    ids = [int(i) for i in prompt_ids]
+    if len(ids) > 1:
+        _, new_taps_TLDt = target.forward(ids[:-1], want_taps=True)
+    else:
+        new_taps_TLDt = torch.zeros(0, len(target.tap_layers), 0)
+    result = GenerationResult(output_ids=[])
+    while len(result.output_ids) < max_new_tokens:
+        room = max_new_tokens - len(result.output_ids)
+        # drafts past the token budget could never be emitted: don't spend time on them
+        steps = min(num_steps, room - 1)
+        drafts, draft_probs_SV = drafter.propose(ids, new_taps_TLDt, steps, temperature, generator) \
+            if steps > 0 else ([], None)
+        logits_SV, verify_taps_TLDt = target.forward([ids[-1], *drafts], want_taps=True)
+        if temperature <= 0:
+            accepted, next_id = verify_greedy(drafts, logits_SV)
+        else:
+            if draft_probs_SV is None:
+                draft_probs_SV = logits_SV.new_zeros(0, logits_SV.shape[-1])
+            accepted, next_id = verify_sampling(drafts, draft_probs_SV, probs_from_logits(logits_SV, temperature),
+                                                generator)
+        new_ids, stopped = _cut([*drafts[:accepted], next_id], eos, room)
+        ids.extend(new_ids)
+        result.output_ids.extend(new_ids)
+        result.accept_lengths.append(len(new_ids))
+        result.drafted.append(len(drafts))
+        result.accepted.append(min(accepted, len(new_ids)))
+        target.crop(len(ids) - 1)
+        new_taps_TLDt = verify_taps_TLDt[: len(new_ids)]
+        if stopped:
+            result.finish_reason = "stop"
+            break
+    result.seconds = time.perf_counter() - start
+    result.target_forwards = target.forwards
+    return result
+
+
+def plain_generate(target: HFTargetSession, prompt_ids: Sequence[int], *, max_new_tokens: int,
+                   temperature: float = 0.0, eos_ids: Sequence[int] = (),
+                   generator: torch.Generator | None = None) -> GenerationResult:
+    """Token-by-token decoding with the target alone (the baseline), KV-cached, no taps."""
+    eos = frozenset(int(i) for i in eos_ids)
+    start = time.perf_counter()
+    target.reset()
+    result = GenerationResult(output_ids=[])
+    logits_TV, _ = target.forward([int(i) for i in prompt_ids], want_taps=False)
+    while True:
+        token = _choose(logits_TV[-1], temperature, generator)
+        result.output_ids.append(token)
+        if token in eos:
+            result.finish_reason = "stop"
+            break
+        if len(result.output_ids) >= max_new_tokens:
+            break
+        logits_TV, _ = target.forward([token], want_taps=False)
+    result.seconds = time.perf_counter() - start
+    result.target_forwards = target.forwards
+    return result

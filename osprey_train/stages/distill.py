@@ -1,0 +1,265 @@
+"""Stage 4 (distill): EAGLE-3 Training-Time-Test distillation of a drafter from a feature store.
+
+``run(DistillConfig)`` trains the drafter in ``--drafter`` (Osprey or EAGLE-3: the architecture
+comes from the drafter folder's config.json, so the two are trained with identical data, steps,
+loss and schedule) on packed samples of ``--store`` through the shared trainer
+(:func:`osprey_train.trainer.train`: AdamW, cosine schedule, DDP/FSDP under torchrun, checkpoints,
+exact resume, metrics.jsonl + plots). The loss is ``sum_k decay^k CE_k`` over ``ttt_steps`` TTT
+steps (:mod:`osprey_train.ttt.unroll`); metrics carry loss and accuracy per TTT step; with
+``--eval-store`` the offline acceptance length is evaluated periodically.
+
+The trained module is :class:`DistillModel` (the drafter plus the TTT forward), so DDP sees one
+``forward`` per micro-batch; the final folder holds the plain drafter (``save_drafter``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from osprey_data.errors import ConfigError, ModelError
+
+__all__ = ["DistillConfig", "DistillModel", "DistillTask", "run", "check_compatible"]
+
+_ATTN = ("auto", "flex", "sdpa", "eager")
+
+
+@dataclass(kw_only=True)
+class DistillConfig:
+    """Options of ``osprey train distill``."""
+
+    drafter: Path
+    """Drafter folder (config.json + model.safetensors) from ``osprey train convert``."""
+    store: str
+    """Training feature store (path or fsspec URL)."""
+    out: Path
+    """Run folder: checkpoints/, metrics.jsonl, metrics.png, final/ (the distilled drafter)."""
+    eval_store: str | None = None
+    """Held-out store for periodic offline acceptance (greedy chain decoding simulation)."""
+    ttt_steps: int = 5
+    """TTT unroll length K (1 = plain next-token distillation)."""
+    ttt_decay: float = 0.8
+    """Weight decay^k of step k's CE in the loss."""
+    target_dist: str = "tail"
+    """Target distribution: tail (top-k + tail bucket), renorm (top-k only) or full (final_hidden)."""
+    target_model: str | None = None
+    """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
+    steps: int = 1000
+    """Optimizer steps."""
+    lr: float = 1e-4
+    """Peak learning rate (cosine schedule, linear warmup)."""
+    warmup_ratio: float = 0.01
+    """Fraction of steps spent in linear warmup."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    tokens_per_batch: int = 4096
+    """Token budget of one packed micro-batch (one row of whole samples, no padding)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (per rank)."""
+    attention: str = "auto"
+    """TTT attention: auto (flex on CUDA, else sdpa), flex, sdpa or eager."""
+    gradient_checkpointing: bool = False
+    """Recompute each TTT step in backward instead of keeping its activations."""
+    freeze_embeddings: bool = True
+    """Keep the input embedding frozen (EAGLE-3 practice; saves its AdamW state)."""
+    loss_chunk: int = 1024
+    """Rows per LM-head/loss chunk (bounds the [rows, vocab] logits held at once)."""
+    eval_every: int = 0
+    """Evaluate acceptance every this many steps (0 = only at the end)."""
+    eval_samples: int = 64
+    """Eval-store samples used per evaluation (0 = all)."""
+    eval_draft_steps: int = 5
+    """Draft length S of the acceptance evaluation."""
+    log_every: int = 10
+    """Write a metrics record every this many steps."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in ``out``."""
+    seed: int = 0
+    """Seed of packing order and RNGs."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    distributed: str = "auto"
+    """auto (DDP under torchrun), none, ddp or fsdp."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        self.drafter, self.out = Path(self.drafter), Path(self.out)
+        checks = [
+            (isinstance(self.ttt_steps, int) and 1 <= self.ttt_steps <= 64, f"--ttt-steps must be in [1, 64], got {self.ttt_steps!r}"),
+            (0.0 < self.ttt_decay <= 1.0, f"--ttt-decay must be in (0, 1], got {self.ttt_decay!r}"),
+            (self.target_dist in ("tail", "renorm", "full"), f"--target-dist must be tail, renorm or full, got {self.target_dist!r}"),
+            (self.steps >= 1, f"--steps must be >= 1, got {self.steps}"),
+            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (self.tokens_per_batch >= 2, f"--tokens-per-batch must be >= 2, got {self.tokens_per_batch}"),
+            (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
+            (self.attention in _ATTN, f"--attention must be one of {_ATTN}, got {self.attention!r}"),
+            (self.loss_chunk >= 1, f"loss_chunk must be >= 1, got {self.loss_chunk}"),
+            (self.eval_samples >= 0 and self.eval_draft_steps >= 1, "eval_samples >= 0 and eval_draft_steps >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(f"distill: {msg}")
+        if not (self.drafter / "config.json").is_file():
+            raise ConfigError(f"distill: {self.drafter} is not a drafter folder (no config.json); "
+                              "create one with `osprey train convert`")
+
+
+def check_compatible(config, header, where: str) -> None:
+    """The drafter was converted for the store's target: taps, hidden size, vocab, identity."""
+    problems = []
+    tgt = header.target
+    if config.vocab_size != tgt.vocab_size:
+        problems.append(f"vocab_size drafter {config.vocab_size} vs target {tgt.vocab_size}")
+    if config.target_hidden_size != tgt.hidden_size:
+        problems.append(f"target_hidden_size drafter {config.target_hidden_size} vs store {tgt.hidden_size}")
+    store_taps = list(header.taps.layer_ids)
+    if config.num_taps != len(store_taps):
+        problems.append(f"num_taps drafter {config.num_taps} vs store {len(store_taps)}")
+    drafter_taps = (config.tap_layers or {}).get("layer_ids")
+    if drafter_taps is not None and list(drafter_taps) != store_taps:
+        problems.append(f"tap layers drafter {list(drafter_taps)} vs store {store_taps}")
+    ident = config.target or {}
+    for key in ("config_hash", "tokenizer_hash"):
+        if ident.get(key) and ident[key] != getattr(tgt, key):
+            problems.append(f"target {key} drafter {ident[key]} vs store {getattr(tgt, key)}")
+    if problems:
+        raise ModelError(f"{where}: the drafter does not match this store's target ({'; '.join(problems)}); "
+                         "convert the drafter for this target or use a store built from it")
+
+
+class DistillModel(nn.Module):
+    """The drafter plus its TTT forward: ``forward(batch) -> (loss, metrics)``."""
+
+    def __init__(self, drafter: nn.Module, *, steps: int, decay: float, target_dist: str,
+                 impl: str, chunk_size: int, target_head: nn.Module | None) -> None:
+        super().__init__()
+        from osprey_train.ttt.loss import VocabMap
+
+        self.drafter = drafter
+        self.steps, self.decay, self.target_dist = steps, decay, target_dist
+        self.impl, self.chunk_size = impl, chunk_size
+        self.checkpoint_steps = False
+        # Not a submodule: the frozen target head is neither trained, checkpointed nor saved.
+        self._target_head = [target_head]
+        self._vmap = VocabMap.from_drafter(drafter.draft_to_target, drafter.config.vocab_size)
+
+    def forward(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        from osprey_train.ttt.attention import resolve_impl
+        from osprey_train.ttt.loss import VocabMap
+        from osprey_train.ttt.unroll import ttt_loss
+
+        device = batch.input_ids_BT.device
+        head = self._target_head[0]
+        if head is not None and head.weight_VtDt.device != device:
+            head = self._target_head[0] = head.to(device)
+        d2t = self.drafter.draft_to_target
+        if d2t is not None and self._vmap.draft_to_target_V.device != device:
+            self._vmap = VocabMap.from_drafter(d2t.to(device), self.drafter.config.vocab_size)
+        out = ttt_loss(self.drafter, batch, steps=self.steps, decay=self.decay,
+                       target_dist=self.target_dist, impl=resolve_impl(self.impl, device),
+                       chunk_size=self.chunk_size, target_head=head, vmap=self._vmap,
+                       checkpoint_steps=self.checkpoint_steps)
+        return out.loss, out.metrics
+
+
+class DistillTask:
+    """The :class:`osprey_train.trainer.TrainTask` of Stage 4."""
+
+    def __init__(self, cfg: DistillConfig) -> None:
+        from osprey_data.store import StoreReader
+        from osprey_train.distill_data.packing import StorePacker
+        from osprey_train.models.io import read_drafter_config
+
+        self.cfg = cfg
+        self.reader = StoreReader(cfg.store)
+        self.drafter_config = read_drafter_config(cfg.drafter)
+        check_compatible(self.drafter_config, self.reader.header, f"distill --store {cfg.store}")
+        if cfg.target_dist == "full" and not self.reader.header.has_final_hidden:
+            raise ConfigError(f"distill: --target-dist full needs a store built with final_hidden; "
+                              f"{cfg.store} has none (use tail or renorm, or rebuild with final hidden)")
+        self.packer = StorePacker(self.reader, cfg.tokens_per_batch, seed=cfg.seed,
+                                  need_final_hidden=cfg.target_dist == "full")
+        self.target_head = None
+        if cfg.target_dist == "full":
+            from osprey_train.ttt.target_head import load_target_head
+
+            path = cfg.target_model or self.reader.header.target.name_or_path
+            self.target_head = load_target_head(path)
+            if (self.target_head.vocab_size, self.target_head.hidden_size) != (
+                    self.reader.header.target.vocab_size, self.reader.header.target.hidden_size):
+                raise ModelError(f"{path}: LM head is {tuple(self.target_head.weight_VtDt.shape)}, the store's "
+                                 f"target has vocab {self.reader.header.target.vocab_size} and hidden "
+                                 f"{self.reader.header.target.hidden_size}; pass the right --target-model")
+        self.eval_reader = None
+        if cfg.eval_store:
+            self.eval_reader = StoreReader(cfg.eval_store)
+            check_compatible(self.drafter_config, self.eval_reader.header, f"distill --eval-store {cfg.eval_store}")
+
+    # -- TrainTask --
+    def build_model(self) -> nn.Module:
+        from osprey_train.models import load_drafter
+
+        drafter = load_drafter(self.cfg.drafter)
+        if self.cfg.freeze_embeddings:
+            for name, p in drafter.named_parameters():
+                if "embed_tokens" in name:
+                    p.requires_grad_(False)
+        return DistillModel(drafter, steps=self.cfg.ttt_steps, decay=self.cfg.ttt_decay,
+                            target_dist=self.cfg.target_dist, impl=self.cfg.attention,
+                            chunk_size=self.cfg.loss_chunk, target_head=self.target_head)
+
+    def trainable_parameters(self, model: nn.Module):
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def enable_gradient_checkpointing(self, model: nn.Module) -> None:
+        model.checkpoint_steps = True
+
+    def batch(self, step: int, micro: int, rank: int, world_size: int):
+        return self.packer.batch((step * self.cfg.grad_accum + micro) * world_size + rank)
+
+    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        return model(batch)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        if self.eval_reader is None:
+            return {}
+        from osprey_train.evaluation.acceptance import evaluate_acceptance
+
+        drafter = model.drafter
+        impl = "sdpa" if self.cfg.attention in ("auto", "flex") else self.cfg.attention
+        report = evaluate_acceptance(drafter, self.eval_reader, steps=self.cfg.eval_draft_steps,
+                                     max_samples=self.cfg.eval_samples or None, impl=impl, progress=False)
+        out = {"accept_len": report.overall}
+        out.update({f"accept_len/{d}": v for d, v in report.per_domain.items()})
+        out.update({f"accept_rate_pos{s}": r for s, r in enumerate(report.per_position)})
+        return out
+
+    def save_model(self, model: nn.Module, out_dir: Path) -> None:
+        from osprey_train.models import save_drafter
+
+        save_drafter(model.drafter, out_dir)
+
+
+def run(cfg: DistillConfig):
+    """Distill; returns the trainer's ``TrainResult`` (final drafter in ``out/final``)."""
+    from osprey_train.trainer import LoopConfig, OptimConfig, train
+
+    task = DistillTask(cfg)
+    loop = LoopConfig(out_dir=cfg.out, max_steps=cfg.steps, grad_accum=cfg.grad_accum, seed=cfg.seed,
+                      device=cfg.device, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                      save_every=cfg.save_every, resume=cfg.resume, distributed=cfg.distributed,
+                      gradient_checkpointing=cfg.gradient_checkpointing, progress=cfg.progress,
+                      extra={"stage": "distill", "config": _jsonable(asdict(cfg))})
+    optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, weight_decay=cfg.weight_decay)
+    return train(task, loop, optim)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}

@@ -1,0 +1,61 @@
+"""``osprey eval live`` through the CLI: a real run on a tiny target, JSON output, error exits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cli.main import cli
+
+
+@pytest.fixture(scope="module")
+def random_drafter(tmp_path_factory):
+    from osprey_train.models import DrafterConfig, OspreyDrafter, save_drafter
+
+    torch.manual_seed(0)
+    model = OspreyDrafter(DrafterConfig.from_name("tiny"))
+    return save_drafter(model, tmp_path_factory.mktemp("drafter") / "d")
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    rows = [{"id": f"p{i}", "domain": d, "conversations": [{"role": "user", "content": f"Question {i} about {d}?"}]}
+            for i, d in enumerate(["chat", "math", "code"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_live_json_output(random_drafter, prompt_file, tiny_llama_dir, tmp_path):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(cli, [
+            "eval", "live", "--drafter", str(random_drafter), "--target", str(tiny_llama_dir),
+            "--input", str(prompt_file), "--steps", "2", "--max-new-tokens", "6", "--device", "cpu",
+            "--json", "--out", str(tmp_path / "live.json")])
+    finally:
+        torch.set_num_threads(before)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{"):])
+    assert doc["num_prompts"] == 3 and doc["greedy_identical"] == 3
+    assert set(doc["per_domain"]) == {"chat", "math", "code"}
+    assert doc["speedup"] > 0
+    assert json.loads((tmp_path / "live.json").read_text())["samples"]
+
+
+def test_live_bad_option_is_one_line_error(random_drafter, prompt_file, tiny_llama_dir):
+    result = CliRunner().invoke(cli, ["eval", "live", "--drafter", str(random_drafter), "--target",
+                                      str(tiny_llama_dir), "--input", str(prompt_file), "--steps", "0"])
+    assert result.exit_code == 2
+    assert "error: live: --steps must be >= 1" in result.output
+
+
+def test_live_missing_target_is_one_line_error(random_drafter, prompt_file, tmp_path):
+    result = CliRunner().invoke(cli, ["eval", "live", "--drafter", str(random_drafter), "--target",
+                                      str(tmp_path / "missing"), "--input", str(prompt_file)])
+    assert result.exit_code == 2
+    assert "error:" in result.output and "Traceback" not in result.output

@@ -1,0 +1,45 @@
+"""``osprey data build`` parses its flags into BuildConfig and reports a summary."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from cli.build_cmd import parse_layers
+from cli.main import cli
+from osprey_data.store import StoreReader
+
+
+def test_cli_build_writes_a_store(tiny_llama_dir, prompts_file, tmp_path):
+    out = tmp_path / "store"
+    args = ["data", "build", "--target", str(tiny_llama_dir), "--input", str(prompts_file), "--input",
+            str(prompts_file.with_name("p2.jsonl")), "--out", str(out), "--device", "cpu", "--max-new-tokens", "4",
+            "--topk", "4", "--layers", "1,2,5", "--limit", "3", "--batch-size", "2", "--last-turn-only",
+            "--final-hidden", "--temperature", "0.5", "--top-p", "0.8", "--seed", "3", "--max-length", "300",
+            "--overflow", "skip", "--on-error", "skip", "--hidden-codec", "fp8"]
+    prompts_file.with_name("p2.jsonl").write_text('{"prompt": "hi there"}\n')
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "3 samples written" in result.output
+    h = StoreReader(str(out)).header
+    assert h.taps.layer_ids == (1, 2, 5) and h.topk == 4 and h.hidden_codec == "fp8" and h.has_final_hidden
+    g = h.generation
+    assert (g["temperature"], g["top_p"], g["seed"], g["last_turn_only"], g["max_new_tokens"]) == (0.5, 0.8, 3, True, 4)
+    assert (g["max_length"], g["overflow"]) == (300, "skip")
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_llama_dir, prompts_file):
+    result = CliRunner().invoke(cli, ["data", "build", "--target", str(tmp_path / "nope"), "--input",
+                                      str(prompts_file), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "no such folder" in result.output
+    result = CliRunner().invoke(cli, ["data", "build", "--target", str(tiny_llama_dir), "--input",
+                                      str(prompts_file), "--out", str(tmp_path / "o"), "--layers", "1,99",
+                                      "--device", "cpu"])
+    assert result.exit_code == 2 and "exceed the target's 6 layers" in result.output
+
+
+def test_parse_layers():
+    assert parse_layers("2, 15,27") == (2, 15, 27) and parse_layers(None) is None and parse_layers("") is None
+    with pytest.raises(click.BadParameter):
+        parse_layers("a,b")

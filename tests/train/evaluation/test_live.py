@@ -1,0 +1,149 @@
+"""``osprey eval live`` end to end on a tiny fp32 target: report, losslessness, and agreement
+with offline acceptance (``osprey eval acceptance``) on a store built from the same prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from osprey_data.errors import ConfigError, InputError, ModelError
+from osprey_train.evaluation.live import LiveConfig, busy_machine_threads, load_prompts, run, summarize
+from tests.helpers.tiny_store import TINY_PROMPTS, make_tiny_store
+from tests.train.evaluation._live_stubs import make_word_target
+
+MAX_NEW = 16
+STEPS = 3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls on a shared 2-core box: one thread avoids OpenMP spin contention (5x faster)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def live_setup(tmp_path_factory, tiny_llama_dir):
+    """A store from TINY_PROMPTS, and an Osprey drafter pruned from the target and converted."""
+    from osprey_train.stages.convert import ConvertConfig
+    from osprey_train.stages.convert import run as convert
+    from osprey_train.stages.prune import PruneConfig
+    from osprey_train.stages.prune import run as prune
+
+    root = tmp_path_factory.mktemp("live")
+    target = make_word_target(tiny_llama_dir, root / "target")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in TINY_PROMPTS), encoding="utf-8")
+    store = make_tiny_store(root / "store", target, prompts=TINY_PROMPTS, max_new_tokens=MAX_NEW)
+    backbone = prune(PruneConfig(source=str(target), layers=2, out=root / "backbone")).out
+    drafter = convert(ConvertConfig(backbone=backbone, target=str(target), store=str(store),
+                                    out=root / "drafter")).out
+    return {"prompts": prompts, "store": store, "drafter": drafter, "target": target, "root": root}
+
+
+def _config(setup, **kw):
+    base = dict(drafter=str(setup["drafter"]), target=str(setup["target"]), inputs=(str(setup["prompts"]),),
+                steps=STEPS, max_new_tokens=MAX_NEW, device="cpu", progress=False)
+    return LiveConfig(**{**base, **kw})
+
+
+def test_live_greedy_report_is_lossless_and_complete(live_setup, tmp_path):
+    out = tmp_path / "live.json"
+    report = run(_config(live_setup, out=str(out)))
+    assert report.num_prompts == len(TINY_PROMPTS)
+    assert report.greedy_identical == report.num_prompts  # lossless on every prompt
+    assert set(report.per_domain) == {r["domain"] for r in TINY_PROMPTS}
+    assert report.spec_tokens == report.plain_tokens
+    assert 1.0 <= report.acceptance_length <= STEPS + 1
+    assert report.spec_tokens_per_s > 0 and report.plain_tokens_per_s > 0
+    doc = json.loads(out.read_text())
+    assert doc["acceptance_length"] == pytest.approx(report.acceptance_length)
+    assert "| **all** |" in report.to_markdown()
+
+
+def test_offline_acceptance_equals_live_greedy(live_setup):
+    """The offline walk over the store and real speculative decoding give the same numbers."""
+    from osprey_data.store import StoreReader
+    from osprey_train.evaluation.acceptance import evaluate_acceptance
+    from osprey_train.evaluation.generated_span import GeneratedSpanView
+    from osprey_train.models import load_drafter
+
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(live_setup["target"]).eos_token_id
+    reader = GeneratedSpanView(StoreReader(str(live_setup["store"])), [eos])
+    offline = evaluate_acceptance(load_drafter(live_setup["drafter"]), reader, steps=STEPS, progress=False)
+    live = run(_config(live_setup, tap_codec="bf16", baseline=False))  # the store keeps taps as bf16
+    by_id = {s["id"]: s for s in live.samples}
+    assert offline.num_samples == live.num_prompts
+    assert offline.num_tokens == live.spec_tokens
+    assert offline.num_verify_steps == sum(s["verify_steps"] for s in live.samples)
+    assert offline.overall == pytest.approx(live.acceptance_length, abs=1e-12)
+    for domain, value in offline.per_domain.items():
+        assert value == pytest.approx(live.per_domain[domain]["acceptance_length"], abs=1e-12)
+    assert len(by_id) == len(TINY_PROMPTS)
+    # not vacuous: the pruned+converted drafter gets some drafts accepted
+    assert live.acceptance_length > 1.05
+    # the raw store counts the template's closing tokens too: that is what the view corrects
+    raw = evaluate_acceptance(load_drafter(live_setup["drafter"]), StoreReader(str(live_setup["store"])),
+                              steps=STEPS, progress=False)
+    assert raw.num_tokens > live.spec_tokens
+
+
+def test_limit_is_round_robin_over_domains(live_setup, tiny_tokenizer):
+    prompts = load_prompts((str(live_setup["prompts"]),), tiny_tokenizer, limit=5)
+    assert len(prompts) == 5
+    assert len({p.domain for p in prompts}) == 5
+
+
+def test_bad_inputs_raise_clear_errors(live_setup, tmp_path, tiny_tokenizer):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "plain text"}\n', encoding="utf-8")
+    with pytest.raises(InputError, match="bad.jsonl:1"):
+        load_prompts((str(bad),), tiny_tokenizer)
+    with pytest.raises(ConfigError, match="--steps"):
+        _config(live_setup, steps=0)
+    with pytest.raises(ConfigError, match="drafter folder"):
+        _config(live_setup, drafter=str(tmp_path / "nope"))
+
+
+def test_drafter_for_another_target_is_refused(live_setup, tiny_qwen3_dir):
+    with pytest.raises(ModelError, match="another"):
+        run(_config(live_setup, target=str(tiny_qwen3_dir), limit=1))
+
+
+def test_summarize_pools_verify_steps():
+    samples = [
+        {"id": "a", "domain": "x", "tokens": 6, "verify_steps": 2, "accept_lengths": [4, 2], "accepted": [3, 1], "drafted": [3, 3], "seconds": 1.0,
+         "plain_seconds": 2.0, "plain_tokens": 6, "identical": True},
+        {"id": "b", "domain": "y", "tokens": 3, "verify_steps": 3, "accept_lengths": [1, 1, 1], "accepted": [0, 0, 0], "drafted": [3, 3, 1], "seconds": 1.0,
+         "plain_seconds": 1.0, "plain_tokens": 3, "identical": True},
+    ]
+    report = summarize(samples, steps=3, temperature=0.0, baseline=True)
+    assert report.acceptance_length == pytest.approx(9 / 5)
+    assert report.per_domain["x"]["acceptance_length"] == 3.0
+    assert report.speedup == pytest.approx((9 / 2) / (9 / 3))
+    assert report.greedy_identical == 2
+    # position 0 judged 5 times (accepted twice); position 1 twice (once); position 2 once (once)
+    assert report.per_position == pytest.approx([2 / 5, 1 / 2, 1 / 1])
+
+
+def test_busy_machine_uses_one_thread(monkeypatch):
+    import os
+
+    notes = []
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    assert busy_machine_threads(notes.append) == 1 and "busy" in notes[0]
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert busy_machine_threads(notes.append) is None
+
+
+def test_run_restores_the_thread_count(live_setup):
+    before = torch.get_num_threads()
+    run(_config(live_setup, limit=1, max_new_tokens=2, baseline=False, threads=before + 1))
+    assert torch.get_num_threads() == before

@@ -1,0 +1,152 @@
+"""Stage 4 (distill): packing, the stage on the real trainer, eagle3/full variants, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from osprey_data.errors import ConfigError, ModelError
+from osprey_data.store import StoreReader
+from osprey_train.distill_data.packing import StorePacker, plan_epoch
+from osprey_train.evaluation.acceptance import evaluate_acceptance
+from osprey_train.models import load_drafter
+from osprey_train.stages.distill import DistillConfig, run
+from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny ops gain nothing from threads, and oversubscribed shared CPUs lose a lot."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def builder_store(tmp_path_factory, tiny_llama_dir):
+    """A store written by the real builder (final hidden included) from the tiny Llama."""
+    root = tmp_path_factory.mktemp("distill_builder")
+    return make_store(root / "store", tiny_llama_dir, num_samples=6, max_new_tokens=10,
+                      final_hidden=True, use_builder=True)
+
+
+@pytest.fixture(scope="module")
+def greedy_setup(tmp_path_factory, tiny_tokenizer_dir):
+    """A peaked tiny target and a store of its exact greedy responses (see store_util)."""
+    root = tmp_path_factory.mktemp("distill_greedy")
+    target = make_sharp_llama(root / "target", tiny_tokenizer_dir, init_range=0.6)
+    return make_store(root / "store", target, num_samples=6, max_new_tokens=12)
+
+
+def _cfg(tmp_path, drafter, store, **kw):
+    base = dict(drafter=drafter, store=str(store), out=tmp_path / "run", steps=3, tokens_per_batch=96,
+                ttt_steps=3, device="cpu", progress=False, log_every=1, lr=1e-3)
+    base.update(kw)
+    return DistillConfig(**base)
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_packing_is_document_masked_and_deterministic(builder_store):
+    reader = StoreReader(str(builder_store))
+    packer = StorePacker(reader, 96, seed=1)
+    b0 = packer.batch(0)
+    assert b0.num_tokens <= 96
+    doc, pos = b0.doc_ids_BT[0], b0.position_ids_BT[0]
+    assert int(pos[0]) == 0 and bool(((pos[1:] == 0) == (doc[1:] != doc[:-1])).all())
+    # loss mask = store mask shifted by one inside each sample, 0 at each sample's last token
+    plan = packer.plan(0)
+    first = reader.sample(plan.rows[0][0])
+    n = first.token_ids.shape[0]
+    assert b0.loss_mask_BT[0, : n - 1].tolist() == first.loss_mask[1:].tolist()
+    assert not bool(b0.loss_mask_BT[0, n - 1])
+    torch.testing.assert_close(packer.batch(0).taps_BTLDt, b0.taps_BTLDt)
+    # every sample exactly once per epoch
+    lengths = reader.table(["num_tokens"]).column(0).to_numpy()
+    rows = plan_epoch(np.asarray(lengths), 96, 1, 3).rows
+    assert sorted(i for r in rows for i in r) == list(range(len(reader)))
+
+
+def test_distill_runs_on_builder_store_with_metrics_and_resume(tmp_path, builder_store):
+    import shutil
+
+    drafter = make_drafter_dir(tmp_path / "drafter", store=builder_store)
+    cfg = dict(steps=3, save_every=1, eval_store=str(builder_store), eval_samples=2)
+    res = run(_cfg(tmp_path, drafter, builder_store, **cfg))
+    recs = _records(tmp_path / "run")
+    train = [r for r in recs if r["kind"] == "train"]
+    assert len(train) == 3 and {"loss_k0", "acc_k2", "scored_k1"} <= set(train[-1])
+    assert any("accept_len" in r for r in recs if r["kind"] == "eval")
+    assert (res.final_dir / "model.safetensors").is_file()
+    load_drafter(res.final_dir)
+    # Lose the last checkpoint, resume from step 2: step 3 is replayed exactly.
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-3")
+    res2 = run(_cfg(tmp_path, drafter, builder_store, resume=True, **cfg))
+    assert res2.resumed_from.name == "step-2" and res2.step == 3
+    again = [r for r in _records(tmp_path / "run") if r["kind"] == "train" and r["step"] == 3][-1]
+    assert again["loss"] == pytest.approx(train[-1]["loss"], rel=1e-6)
+
+
+def test_distilled_drafter_beats_its_initialization(tmp_path, greedy_setup):
+    drafter = make_drafter_dir(tmp_path / "drafter", seed=5)
+    reader = StoreReader(str(greedy_setup))
+    before = evaluate_acceptance(load_drafter(drafter), reader, steps=3, progress=False)
+    res = run(_cfg(tmp_path, drafter, greedy_setup, steps=20, lr=1e-2, warmup_ratio=0.0,
+                   freeze_embeddings=False, tokens_per_batch=512, log_every=5))
+    after = evaluate_acceptance(load_drafter(res.final_dir), reader, steps=3, progress=False)
+    assert after.overall > before.overall + 0.5, (before.overall, after.overall)
+    train = [r for r in _records(tmp_path / "run") if r["kind"] == "train"]
+    assert train[-1]["acc_k0"] > train[0]["acc_k0"]
+
+
+def test_eagle3_and_full_vocab_targets(tmp_path, builder_store, tiny_llama_dir):
+    d2t = torch.arange(128) * 3
+    e3 = make_drafter_dir(tmp_path / "e3", preset="tiny-eagle3", draft_vocab=d2t, store=builder_store)
+    res = run(_cfg(tmp_path, e3, builder_store, steps=1, target_dist="full", target_model=str(tiny_llama_dir),
+                   gradient_checkpointing=True, attention="eager"))
+    rec = [r for r in _records(tmp_path / "run") if r["kind"] == "train"][-1]
+    assert np.isfinite(rec["loss"]) and "acc_k0" in rec
+    saved = load_drafter(res.final_dir)
+    assert torch.equal(saved.draft_to_target, d2t)
+
+
+def test_config_and_compatibility_errors(tmp_path, builder_store, greedy_setup):
+    drafter = make_drafter_dir(tmp_path / "drafter", store=greedy_setup)
+    with pytest.raises(ConfigError, match="--ttt-steps"):
+        _cfg(tmp_path, drafter, builder_store, ttt_steps=0)
+    with pytest.raises(ConfigError, match="not a drafter folder"):
+        _cfg(tmp_path, tmp_path, builder_store)
+    with pytest.raises(ConfigError, match="final_hidden"):
+        run(_cfg(tmp_path, drafter, greedy_setup, target_dist="full"))
+    from osprey_train.models import DrafterConfig, save_drafter
+    from osprey_train.models.io import build_drafter
+
+    other = build_drafter(DrafterConfig.from_name("tiny", tap_layers={"layer_ids": [1, 2, 4],
+                                                                      "convention": "hf_hidden_states"}))
+    save_drafter(other, tmp_path / "other")
+    with pytest.raises(ModelError, match="tap layers"):
+        run(_cfg(tmp_path, tmp_path / "other", builder_store))
+
+
+def test_cli_distill(tmp_path, greedy_setup):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    drafter = make_drafter_dir(tmp_path / "drafter", store=greedy_setup)
+    res = CliRunner().invoke(cli, ["train", "distill", "--drafter", str(drafter), "--store", str(greedy_setup),
+                                   "--out", str(tmp_path / "run"), "--steps", "1", "--ttt-steps", "2",
+                                   "--tokens-per-batch", "64", "--device", "cpu", "--no-progress",
+                                   "--attention", "sdpa"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "distilled 1 steps" in res.output and (tmp_path / "run" / "final" / "config.json").is_file()
+    res = CliRunner().invoke(cli, ["train", "distill", "--drafter", str(drafter), "--store", str(greedy_setup),
+                                   "--out", str(tmp_path / "run2"), "--ttt-decay", "0"])
+    assert res.exit_code == 2 and "--ttt-decay" in res.output
