@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osprey_train.models import CausalAttention, DrafterConfig, KVCacheAttention, OspreyDrafter
+from osprey_train.models import DrafterConfig, KVCacheAttention, OspreyDrafter
 from osprey_train.ttt.attention import document_positions
-from osprey_train.ttt.loss import TargetRows, chunked_distill_ce
 from osprey_train.ttt.unroll import PackedBatch, initial_condition, ttt_hidden_states, ttt_loss
 
 
