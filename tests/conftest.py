@@ -51,3 +51,15 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer):
 def tiny_qwen3_dir(tmp_path_factory, tiny_tokenizer):
     """Folder with a random 6-layer Qwen3 (q/k norms, tied embeddings)."""
     return make_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), tiny_tokenizer)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """Every test model is tiny: one thread is faster than two spin-waiting OpenMP threads on a
+    shared 2-core machine (measured ~5x on the TTT and speculative-decoding tests)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,6 +17,10 @@ Templates that rewrite earlier turns depending on later ones (Qwen3 drops the re
 turns before the last user message) stay correct: only ``A_i`` must be a prefix of ``F``, and it
 is, because such rewriting depends on the messages *before* the cut. A template for which it is
 not raises :class:`ModelError` naming the turn, never a silently wrong mask.
+
+For a generated final turn the runner does not render the conversation: :meth:`ChatRenderer.
+render_prompt` gives the generation prompt (the ids the target was fed, earlier assistant turns
+masked as above) and :meth:`RenderedSample.with_response` appends the generated ids verbatim.
 """
 
 from __future__ import annotations
@@ -50,6 +54,20 @@ class RenderedSample:
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def with_response(self, generated_ids: list[int], text: str) -> "RenderedSample":
+        """This prompt followed by ``generated_ids`` verbatim, all of them in the loss mask.
+
+        ``generated_ids`` are the ids the target produced (its stop token included when it
+        stopped on one); nothing is re-tokenized and no template closing tokens are added.
+        """
+        gen = np.asarray(generated_ids, dtype=np.int32)
+        return RenderedSample(
+            token_ids=np.concatenate([self.token_ids, gen]),
+            loss_mask=np.concatenate([self.loss_mask, np.ones(gen.shape[0], dtype=bool)]),
+            prompt_length=self.num_tokens,
+            text=self.text + text,
+        )
 
     def truncate(self, max_length: int) -> "RenderedSample":
         """First ``max_length`` tokens (mask and prompt length cut accordingly)."""
@@ -129,10 +147,30 @@ class ChatRenderer:
             InputError: the conversation has no assistant turn.
             ModelError: the template is not prefix-stable at some assistant turn.
         """
-        assistant_turns = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
-        if not assistant_turns:
+        if not any(m["role"] == "assistant" for m in conversation):
             raise InputError("conversation has no assistant turn to learn from")
-        full = self.render_text(conversation, add_generation_prompt=False)
+        return self._render_masked(conversation, add_generation_prompt=False)
+
+    def render_prompt(self, conversation: list[dict[str, str]]) -> RenderedSample:
+        """The generation prompt after ``conversation`` with its earlier assistant turns masked.
+
+        The ids are exactly :meth:`generation_prompt_ids` (what the target is fed); the mask is
+        the template-diff mask of the assistant turns inside it (all zero when there are none);
+        ``prompt_length`` is the whole length. :meth:`RenderedSample.with_response` then appends
+        the generated ids verbatim.
+        """
+        rendered = self._render_masked(conversation, add_generation_prompt=True)
+        expected = self.generation_prompt_ids(conversation)
+        if rendered.token_ids.tolist() != expected:  # offsets tokenization must not change ids
+            raise ModelError("tokenizing the generation prompt with offsets gave other ids than "
+                             "without; cannot mask the prompt the target was fed")
+        rendered.prompt_length = rendered.num_tokens
+        return rendered
+
+    def _render_masked(self, conversation: list[dict[str, str]], *, add_generation_prompt: bool) -> RenderedSample:
+        """Tokenize the rendering of ``conversation`` and mask the assistant turns inside it."""
+        assistant_turns = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+        full = self.render_text(conversation, add_generation_prompt=add_generation_prompt)
         enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], dtype=np.int32)
         # Token end offsets, used to find the first token overlapping a character position.

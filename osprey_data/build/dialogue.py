@@ -5,6 +5,10 @@ order, each conditioned on the turns before it as already regenerated, and answe
 turn; ``--last-turn-only`` keeps earlier assistant turns as given and regenerates only the last
 one. ``--no-regenerate`` teacher-forces the given turns, answering a final user turn with the
 record's ``reference``.
+
+Each generated turn keeps the exact prompt ids it was generated from and the generated ids
+(:attr:`Dialogue.generated`): the runner stores the final turn as those ids verbatim, while a
+later turn's prompt re-renders earlier turns from their decoded text, as a serving engine does.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class Dialogue:
     """Cut because a prompt reached ``max_length`` (``--overflow truncate``)."""
     skip_reason: str | None = None
     """Set when the sample is dropped (``too_long``, ...)."""
+    generated: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    """Turn index -> (prompt ids fed to the target, ids it generated, stop token included)."""
 
     @property
     def next_turn(self) -> int | None:

@@ -3,8 +3,14 @@
 Order of work: read and check every input first (a malformed line fails before a multi-GB
 model is loaded), load the backend, open the store (refusing, with the differing setting named,
 a store built with another content-affecting config), then process this worker's samples in
-fixed batches: generate the assistant turns round by round, render + mask, apply the length
-policy, prefill for features, write.
+fixed batches: generate the assistant turns round by round, lay out the sequence + mask, apply
+the length policy, prefill for features, write.
+
+Layout: a sample whose final assistant turn was generated is stored as the prompt ids the target
+was fed for it followed by the generated ids verbatim (stop token included, no template closing
+tokens), so the store holds what the target produced; its loss mask is every generated id plus
+the template mask of earlier assistant turns inside the prompt. Other samples are the rendered
+conversation with the template mask.
 
 Resume: batches are fixed slices of this worker's sample list, independent of what is already
 done, so a rerun after a crash skips the batches whose samples are all committed and recomputes
@@ -29,12 +35,17 @@ from osprey_data.build.features import make_record, non_finite_reason
 from osprey_data.build.inputs import InputSample, iter_inputs
 from osprey_data.build.partition import belongs_to
 from osprey_data.build.target import chat_template_hash, default_tap_layers
-from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, StoreNotFoundError
+from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, ModelError, StoreNotFoundError
 
-__all__ = ["run", "BuildSummary", "BUILDER_VERSION", "make_header", "SKIP_REASONS"]
+__all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
 
 # Bump when the builder's output for the same config changes meaning (part of the header).
-BUILDER_VERSION = "osprey-builder/1"
+# 2: a regenerated final turn is stored as the prompt ids fed to the target + the generated ids
+#    verbatim (v1 re-tokenized the decoded response inside the rendered conversation).
+BUILDER_VERSION = "osprey-builder/2"
+
+# How a regenerated sample's tokens are laid out (fingerprinted: an old-layout store is refused).
+SEQUENCE_LAYOUT = "prompt+generated-ids"
 
 # Reasons a sample is not written (summary keys, prefixes of errors-file reasons).
 SKIP_REASONS = ("input_error", "too_long", "non_finite")
@@ -113,6 +124,7 @@ def make_header(config: BuildConfig, backend: TargetBackend):
     build_config = config.content_settings()
     build_config["dtype"] = identity.dtype  # "auto" resolved: the dtype actually used
     build_config["layers"] = list(taps.layer_ids)
+    build_config["sequence_layout"] = SEQUENCE_LAYOUT
     template_hash = chat_template_hash(backend.tokenizer)
     fingerprint_doc = {"build_config": build_config, "target": identity.to_dict(), "taps": taps.to_dict(),
                        "chat_template_hash": template_hash, "builder_version": BUILDER_VERSION}
@@ -218,15 +230,30 @@ class _BatchProcessor:
                 return
             results = self.backend.generate([r for _, _, r in requests], self.params)
             self.generated_tokens += sum(len(r.token_ids) for r in results)
-            for (d, j, _), res in zip(requests, results):
+            for (d, j, req), res in zip(requests, results):
                 d.messages[j] = {"role": "assistant", "content": self.renderer.decode_response(res.token_ids)}
+                d.generated[j] = (list(req.prompt_ids), res.generated_ids)
                 d.finish_reasons.append(res.finish_reason)
                 d.pending.pop(0)
 
     def _render(self, d: Dialogue) -> RenderedSample:
         cfg = self.config
         s = d.sample
-        rendered = self.renderer.render_preformatted(s.text) if s.is_text else self.renderer.render(d.messages)
+        last = len(d.messages) - 1
+        if s.is_text:
+            rendered = self.renderer.render_preformatted(s.text)
+        elif last in d.generated:
+            # The final turn was generated: store the prompt ids the target was fed and the ids it
+            # generated verbatim (stop token included, no template closing tokens), so the stored
+            # sequence is exactly what the target produced.
+            prompt_ids, generated_ids = d.generated[last]
+            prompt = self.renderer.render_prompt(d.messages[:last])
+            if prompt.token_ids.tolist() != prompt_ids:
+                raise ModelError(f"sample {s.sample_id!r}: re-rendering the final prompt gave other ids "
+                                 f"than the ones the target was fed; the chat template is not deterministic")
+            rendered = prompt.with_response(generated_ids, d.messages[last]["content"])
+        else:
+            rendered = self.renderer.render(d.messages)
         if rendered.num_tokens > cfg.max_length:
             if cfg.overflow == "skip":
                 d.skip_reason = f"too_long: {rendered.num_tokens} tokens > --max-length {cfg.max_length}"
@@ -307,9 +334,7 @@ def run(config: BuildConfig) -> BuildSummary:
                              num_workers=config.num_workers, shard_max_tokens=config.shard_max_tokens,
                              storage_options=config.storage_options)
         with writer:
-            journal = f"{writer.worker}.json"
-            known = {_error_key(e) for e in read_journal(writer.fs, journal)["errors"]} \
-                if journal in writer.fs.listdir("workers") else set()
+            known = {_error_key(e) for e in writer.recorded_errors()}
 
             def record_error(e: dict) -> None:
                 if _error_key(e) not in known:  # a resumed run meets the same bad input again

@@ -138,6 +138,11 @@ class StoreWriter:
         with self._lock:
             return set(self._done)
 
+    def recorded_errors(self) -> list[dict]:
+        """Errors recorded so far, including those a resumed worker's journal already held."""
+        with self._lock:
+            return [dict(e) for e in self._errors]
+
     def add(self, record: SampleRecord) -> None:
         """Queue one sample; blocks while the background writer is ``QUEUE_RECORDS`` behind."""
         self._raise_bg_error()

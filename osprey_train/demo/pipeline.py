@@ -10,7 +10,7 @@ Stages (each one calls the library ``run`` of its owner, never a re-implementati
 5. convert: ``osprey_train.stages.convert`` (vocabulary alignment, zero-init conditioned QKV, W_c);
 6. distill: ``osprey_train.stages.distill`` (EAGLE-3 TTT from the training store);
 7. offline acceptance (``osprey_train.evaluation.acceptance``) of the converted and the distilled
-   drafter on the eval store, on the raw store and on the generated-span view;
+   drafter on the eval store (which holds exactly the ids the target generated);
 8. live speculative decoding (``osprey_train.evaluation.live``) of the eval prompts vs the target
    alone, in the same run;
 9. report: ``report.md``, ``report.png`` and ``demo.json`` in ``--out``.
@@ -141,10 +141,8 @@ def run(cfg: DemoConfig) -> DemoResult:
     """Run every stage and write the report; returns where it went and the headline figures."""
     from osprey_data.build import BuildConfig
     from osprey_data.build import run as build
-    from osprey_data.build.chat_template import stop_token_ids
     from osprey_data.store import StoreReader
     from osprey_train.evaluation.acceptance import evaluate_acceptance
-    from osprey_train.evaluation.generated_span import GeneratedSpanView
     from osprey_train.evaluation.live import LiveConfig
     from osprey_train.evaluation.live import run as live
     from osprey_train.models import load_drafter
@@ -208,19 +206,13 @@ def run(cfg: DemoConfig) -> DemoResult:
     drafter_dir = Path(result.final_dir)
 
     progress.stage("offline acceptance", f"S={sizes['draft_steps']} on the eval store")
+    # The builder stores exactly the ids the target generated (prompt + response, stop token
+    # included), so acceptance on the stored sequence is the offline counterpart of live decoding.
     reader = StoreReader(str(work / "store-eval"))
-    from transformers import AutoTokenizer  # only for the stop ids of the generated-span view
-
-    tokenizer = AutoTokenizer.from_pretrained(target, **({"gguf_file": gguf_file} if gguf_file else {}))
-    gen_cfg = _generation_config(target, gguf_file)
-    span = GeneratedSpanView(reader, stop_token_ids(tokenizer, gen_cfg), sizes["max_new_tokens"])
     offline = {}
     for name, folder in (("converted", work / "drafter-init"), ("distilled", drafter_dir)):
         model = load_drafter(folder, device=_device(cfg.device))
-        offline[name] = evaluate_acceptance(model, span, steps=sizes["draft_steps"], progress=False)
-        if name == "distilled":
-            offline["distilled_raw_store"] = evaluate_acceptance(model, reader, steps=sizes["draft_steps"],
-                                                                 progress=False)
+        offline[name] = evaluate_acceptance(model, reader, steps=sizes["draft_steps"], progress=False)
     progress.note(f"offline acceptance length: converted {offline['converted'].overall:.3f}, "
                   f"distilled {offline['distilled'].overall:.3f}")
 
@@ -254,15 +246,6 @@ def run(cfg: DemoConfig) -> DemoResult:
     if cfg.progress:
         print(f"[demo done +{progress.total:.0f}s] report: {md}", flush=True)
     return DemoResult(out=out, report_md=md, report_png=png, summary=summary)
-
-
-def _generation_config(target: str, gguf_file: str | None) -> Any:
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(target, **({"gguf_file": gguf_file} if gguf_file else {}))
-    except (OSError, ValueError):
-        return None  # no generation_config.json: the tokenizer's eos is the stop token
 
 
 def _device(device: str) -> str:

@@ -42,13 +42,15 @@ def _prompts(num_samples: int) -> list[dict]:
 
 def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, num_samples: int = 8,
                     max_new_tokens: int = 16, topk: int = 8, hidden_codec: str = "bf16",
-                    final_hidden: bool = False, regenerate: bool = True) -> Path:
+                    final_hidden: bool = False, regenerate: bool = True,
+                    layers: tuple[int, ...] | None = None) -> Path:
     """Build a store at ``out_dir`` from ``model_dir`` (a tiny HF model folder) and return its path.
 
     Args:
         prompts: records in the builder's input format (default: ``num_samples`` built-in prompts).
         num_samples: how many built-in prompts to use when ``prompts`` is None.
         max_new_tokens, topk, hidden_codec, final_hidden, regenerate: builder settings.
+        layers: tap layers (HF ``hidden_states`` ids; default: the builder's default taps).
     """
     import json
 
@@ -64,5 +66,6 @@ def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, nu
         regenerate=regenerate, max_new_tokens=max_new_tokens, temperature=0.0, topk=topk,
         hidden_codec=hidden_codec, final_hidden=final_hidden, batch_size=4, device="cpu",
         dtype="float32", max_length=512, progress=False, num_workers=1, worker_index=0,
+        layers=tuple(layers) if layers is not None else None,
     ))
     return out_dir

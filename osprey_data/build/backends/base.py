@@ -60,6 +60,13 @@ class GenerationResult:
 
     token_ids: list[int]
     finish_reason: str
+    stop_token_id: int | None = None
+    """The stop token the target generated (``finish_reason == "stop"``), else None."""
+
+    @property
+    def generated_ids(self) -> list[int]:
+        """Everything the target generated, verbatim: the content ids and the stop token, if any."""
+        return self.token_ids + ([self.stop_token_id] if self.stop_token_id is not None else [])
 
 
 @dataclass

@@ -172,6 +172,7 @@ class HFBackend(TargetBackend):
         cache = self._cache_of(out)
         tokens: list[list[int]] = [[] for _ in range(B)]
         reasons: list[str | None] = [None] * B
+        stops: list[int | None] = [None] * B
         rows = list(range(B))  # request index of each row still being decoded
         pos_B1 = pos_BT[:, -1:]
         for _ in range(params.max_new_tokens):
@@ -179,7 +180,7 @@ class HFBackend(TargetBackend):
             for k, tok in enumerate(next_B.tolist()):
                 b = rows[k]
                 if tok in self.stop_ids:
-                    reasons[b] = "stop"
+                    reasons[b], stops[b] = "stop", tok
                 else:
                     tokens[b].append(tok)
                     if len(tokens[b]) >= params.max_new_tokens:
@@ -200,7 +201,8 @@ class HFBackend(TargetBackend):
             out = self._forward(input_ids=next_B.unsqueeze(1), attention_mask=mask_BT, position_ids=pos_B1,
                                 cache=cache, use_cache=True)
             cache = self._cache_of(out)
-        return [GenerationResult(token_ids=t, finish_reason=r or "length") for t, r in zip(tokens, reasons)]
+        return [GenerationResult(token_ids=t, finish_reason=r or "length", stop_token_id=s)
+                for t, r, s in zip(tokens, reasons, stops)]
 
     # --- features -----------------------------------------------------------------------------
 

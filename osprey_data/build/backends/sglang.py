@@ -117,15 +117,19 @@ class SGLangBackend(TargetBackend):
         for out in outputs:
             ids = [int(t) for t in out["output_ids"]]
             kind = out["meta_info"]["finish_reason"]["type"]
+            stop_id = None
             if kind == "stop":
                 if ids and ids[-1] in self.stop_ids:  # the matched stop token is not content
-                    ids = ids[:-1]
+                    stop_id = ids.pop()
+                else:  # some versions leave the matched stop token out of output_ids
+                    matched = out["meta_info"]["finish_reason"].get("matched")
+                    stop_id = int(matched) if isinstance(matched, int) and matched in self.stop_ids else None
                 reason = "stop"
             elif kind == "length":
                 reason = "length"
             else:  # "abort": SGLang refused the request (e.g. too long for its context)
                 raise BackendUnavailableError(f"SGLang aborted a request: {out['meta_info']['finish_reason']}")
-            results.append(GenerationResult(token_ids=ids, finish_reason=reason))
+            results.append(GenerationResult(token_ids=ids, finish_reason=reason, stop_token_id=stop_id))
         return results
 
     def features(self, sequences: list[np.ndarray], *, taps: tuple[int, ...], topk: int,

@@ -35,10 +35,10 @@ def naive_greedy(model, prompt_ids, stop_ids, max_new_tokens):
         for _ in range(max_new_tokens):
             nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
             if nxt in stop_ids:
-                return out, "stop"
+                return out, "stop", nxt
             out.append(nxt)
             ids.append(nxt)
-    return out, "length"
+    return out, "length", None
 
 
 class BackendContract:
@@ -89,8 +89,9 @@ class BackendContract:
         got = backend.generate([GenerationRequest(tuple(p), seed=0) for p in prompts],
                                SamplingParams(max_new_tokens=8))
         for p, g in zip(prompts, got):
-            want, reason = naive_greedy(ref, p, backend.stop_ids, 8)
-            assert (g.token_ids, g.finish_reason) == (want, reason)
+            want, reason, stop = naive_greedy(ref, p, backend.stop_ids, 8)
+            assert (g.token_ids, g.finish_reason, g.stop_token_id) == (want, reason, stop)
+            assert g.generated_ids == want + ([stop] if stop is not None else [])
 
     def test_sampling_is_seeded_per_request(self, backend):
         prompts = [tuple(self._encode(backend, p)) for p in PROMPTS]
@@ -108,3 +109,4 @@ class BackendContract:
                                SamplingParams(max_new_tokens=3))
         assert len(got[0].token_ids) <= 3
         assert got[0].finish_reason == ("length" if len(got[0].token_ids) == 3 else "stop")
+        assert (got[0].stop_token_id is None) == (got[0].finish_reason == "length")

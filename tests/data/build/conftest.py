@@ -5,15 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from tests.data.build.templates import make_llama3_tokenizer, make_qwen3_tokenizer
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _one_thread():
-    # The CI box has 2 cores shared with other jobs; tiny models gain nothing from threads.
-    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

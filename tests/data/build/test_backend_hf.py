@@ -68,6 +68,8 @@ def test_stop_token_ends_generation(llama):
     finally:
         llama.stop_ids = saved
     assert got.finish_reason == "stop" and got.token_ids == free.token_ids[:k]  # stop token excluded
+    assert got.stop_token_id == free.token_ids[k] and got.generated_ids == free.token_ids[:k + 1]
+    assert free.stop_token_id is None and free.generated_ids == free.token_ids
 
 
 def test_greedy_equals_transformers_generate(llama):

@@ -77,9 +77,15 @@ def test_build_contents_match_the_model(tiny_llama_dir, prompts_file, tmp_path):
     assert [m["role"] for m in s.conversation] == ["user", "assistant", "user", "assistant"]
     assert s.conversation[1]["content"] != "I am fine, thank you."
     assert s.conversation[2]["content"] == PROMPTS[1]["conversations"][2]["content"]
-    want = renderer.render(s.conversation)
-    assert s.token_ids.tolist() == want.token_ids.tolist() and s.loss_mask.tolist() == want.loss_mask.tolist()
-    assert s.prompt_length == want.prompt_length and s.finish_reason in ("stop", "length")
+    # stored = the final prompt the target was fed + its generated ids (earlier turn re-rendered
+    # from text inside that prompt, masked by the template diff); the response decodes to the text
+    prompt = renderer.render_prompt(s.conversation[:3])
+    assert s.prompt_length == prompt.num_tokens and s.finish_reason in ("stop", "length")
+    assert s.token_ids[: s.prompt_length].tolist() == prompt.token_ids.tolist()
+    assert s.loss_mask.tolist() == prompt.loss_mask.tolist() + [True] * (s.num_tokens - s.prompt_length)
+    assert prompt.loss_mask.any()  # the regenerated first turn is a training target too
+    response = [t for t in s.token_ids[s.prompt_length:].tolist() if t not in renderer.stop_ids]
+    assert renderer.decode_response(response) == s.conversation[3]["content"]
     with torch.no_grad():
         out = model.model(input_ids=torch.tensor(s.token_ids[None], dtype=torch.long), output_hidden_states=True)
     ref = torch.stack([out.hidden_states[i][0] for i in (2, 3, 3)], dim=1)

@@ -97,28 +97,3 @@ def chi2_stat(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     keep = exp > 0
     stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
     return stat, int(keep.sum()) - 1
-
-
-def make_word_target(src_dir, out_dir):
-    """The tiny Llama restricted to whole-word tokens (and the end-of-turn token).
-
-    The builder stores responses as re-rendered, re-tokenized text; a random model's byte-level
-    output does not survive that round trip, whole words separated by spaces do. So on this
-    target the store holds exactly the ids the target generated, as it does on real models for
-    (almost) all text.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(src_dir)
-    model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.float32)
-    keep = [i for tok, i in tokenizer.get_vocab().items() if tok.startswith("Ġ") and tok[1:].isalpha() and len(tok) > 2]
-    keep.append(tokenizer.eos_token_id)
-    with torch.no_grad():
-        mask = torch.zeros(model.lm_head.weight.shape[0], dtype=torch.bool)
-        mask[keep] = True
-        model.lm_head.weight[~mask] = 0.0
-        model.lm_head.weight[mask] *= 10.0
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir

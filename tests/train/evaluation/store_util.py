@@ -1,12 +1,9 @@
 """Tiny stores and drafters for the distill/evaluation tests.
 
-``make_store(..., use_builder=True)`` uses the BUILDER helper's ``make_tiny_store`` (the real
-builder). ``use_builder=False`` writes the store directly with ``StoreWriter`` from a greedy
-``generate`` + ``output_hidden_states`` pass, keeping the generated token ids as they are: the
-builder decodes responses to text and re-tokenizes them, and for random tiny models that text
-does not round-trip, so its stored responses are not the target's greedy tokens (top-1 of the
-stored distribution rarely equals the next stored token). Tests that need responses a greedy
-target really produced (acceptance must be learnable) use the direct writer.
+``make_store`` builds a store with the real builder (``tests.helpers.tiny_store.make_tiny_store``):
+it stores the prompt ids fed to the target and the ids the target generated verbatim, so a
+greedy store's responses are exactly the target's greedy tokens even on random byte-level
+models (acceptance is learnable and the offline walk is exact).
 """
 
 from __future__ import annotations
@@ -30,58 +27,14 @@ def make_prompts(n: int) -> list[dict]:
 
 
 def make_store(out_dir, model_dir, *, num_samples=8, max_new_tokens=16, topk=8,
-               final_hidden=False, taps=(2, 3, 4), use_builder=False) -> Path:
+               final_hidden=False, taps=(2, 3, 4)) -> Path:
+    """A greedy store of ``model_dir``'s own responses, built by the real builder."""
+    from tests.helpers.tiny_store import make_tiny_store
+
     prompts = make_prompts(num_samples)
-    if use_builder:
-        from tests.helpers.tiny_store import make_tiny_store
-
-        return Path(make_tiny_store(out_dir, model_dir, prompts=prompts, num_samples=num_samples,
-                                    max_new_tokens=max_new_tokens, topk=topk, final_hidden=final_hidden))
-    return _fallback(Path(out_dir), Path(model_dir), prompts, max_new_tokens, topk, final_hidden, taps)
-
-
-def _fallback(out_dir, model_dir, prompts, max_new_tokens, topk, final_hidden, taps) -> Path:
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from osprey_data.store import SampleRecord, StoreHeader, StoreWriter, TapLayers
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    from osprey_data.build.target import chat_template_hash, identify_target
-
-    header = StoreHeader(
-        target=identify_target(model, tok, str(model_dir)),
-        taps=TapLayers(layer_ids=tuple(taps)), topk=topk, hidden_codec="bf16",
-        has_final_hidden=final_hidden, chat_template_hash=chat_template_hash(tok),
-        generation={"regenerate": True, "greedy": True, "temperature": 0.0,
-                    "max_new_tokens": max_new_tokens},
-        build_fingerprint="test", build_config={}, builder_version="test")
-    with StoreWriter(str(out_dir), header) as writer:
-        for p in prompts:
-            ids = tok.apply_chat_template(p["conversations"], add_generation_prompt=True, tokenize=True)
-            if not isinstance(ids, list):
-                ids = ids["input_ids"]
-            prompt = torch.tensor([ids])
-            with torch.no_grad():
-                gen = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False,
-                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-                out = model(gen, output_hidden_states=True)
-            T = gen.shape[1]
-            lp = torch.log_softmax(out.logits[0].float(), -1)
-            top = lp.topk(topk, dim=-1)
-            mask = np.zeros(T, dtype=bool)
-            mask[prompt.shape[1]:] = True
-            hidden = torch.stack([out.hidden_states[i][0] for i in taps], dim=1)
-            writer.add(SampleRecord(
-                sample_id=p["id"], domain=p["domain"], source=p["source"], conversation=p["conversations"],
-                token_ids=gen[0].numpy().astype(np.int32), loss_mask=mask, prompt_length=prompt.shape[1],
-                finish_reason="stop" if int(gen[0, -1]) == tok.eos_token_id else "length",
-                hidden_TLD=hidden.numpy(), topk_ids_TK=top.indices.numpy().astype(np.int32),
-                topk_logprobs_TK=top.values.numpy(),
-                final_hidden_TD=out.hidden_states[-1][0].numpy() if final_hidden else None))
-    return out_dir
+    return Path(make_tiny_store(out_dir, model_dir, prompts=prompts, num_samples=num_samples,
+                                max_new_tokens=max_new_tokens, topk=topk, final_hidden=final_hidden,
+                                layers=tuple(taps)))
 
 
 def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_vocab=None, store=None) -> Path:

@@ -15,15 +15,6 @@ from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops gain nothing from threads, and oversubscribed shared CPUs lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory, tiny_tokenizer_dir):
     root = tmp_path_factory.mktemp("acc")

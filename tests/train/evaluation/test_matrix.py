@@ -5,21 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from cli.main import cli
 from osprey_data.errors import ConfigError
 from osprey_train.evaluation.matrix import MatrixResult, parse_labeled, summarize, to_markdown
 from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

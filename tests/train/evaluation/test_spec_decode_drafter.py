@@ -14,15 +14,6 @@ TAPS = (2, 3, 4)
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 11]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls on a shared 2-core box: one thread avoids OpenMP spin contention (5x faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny_llama(tiny_llama_dir):
     from transformers import AutoModelForCausalLM

@@ -18,21 +18,12 @@ from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops gain nothing from threads, and oversubscribed shared CPUs lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def builder_store(tmp_path_factory, tiny_llama_dir):
     """A store written by the real builder (final hidden included) from the tiny Llama."""
     root = tmp_path_factory.mktemp("distill_builder")
     return make_store(root / "store", tiny_llama_dir, num_samples=6, max_new_tokens=10,
-                      final_hidden=True, use_builder=True)
+                      final_hidden=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,8 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError
-from osprey_train.ttt.attention import TTT_IMPLS, TTTAttention, document_positions, flex_available
+from osprey_train.ttt.attention import TTTAttention, document_positions, flex_available
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops gain nothing from threads, and oversubscribed shared CPUs lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 # flex has no backward on CPU: its gradients are checked on CUDA only (see test_flex_*).
 IMPLS = ["sdpa", "eager"]

@@ -12,14 +12,6 @@ from osprey_train.ttt.loss import TargetRows, VocabMap, chunked_distill_ce
 from osprey_train.ttt.target_head import TargetHead, find_head_tensor, load_target_head
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops gain nothing from threads, and oversubscribed shared CPUs lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 N, D, V, K = 13, 8, 30, 5
 
 

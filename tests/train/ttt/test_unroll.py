@@ -11,15 +11,6 @@ from osprey_train.ttt.unroll import PackedBatch, initial_condition, ttt_hidden_s
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops gain nothing from threads, and oversubscribed shared CPUs lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _drafter(seed=0, name="tiny"):
     torch.manual_seed(seed)
     cfg = DrafterConfig.from_name(name)
