@@ -10,38 +10,23 @@ from pathlib import Path
 
 import click
 
-from osprey_data.errors import ConfigError
+from osprey_train.evaluation.options import DraftingOptions
 
 __all__ = ["acceptance", "matrix", "AcceptanceConfig", "run_acceptance"]
 
 
 @dataclass(kw_only=True)
-class AcceptanceConfig:
+class AcceptanceConfig(DraftingOptions):
     """Options of ``osprey eval acceptance``."""
 
     drafter: Path
     """Drafter folder."""
     store: str
     """Eval store (responses generated greedily by the target for an exact figure)."""
-    steps: int = 5
-    """Draft length S."""
-    max_samples: int = 0
-    """Samples to evaluate (0 = all)."""
-    device: str = "cpu"
-    """Device of the drafter."""
-    attention: str = "sdpa"
-    """TTT attention implementation used to draft all positions at once."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def __post_init__(self) -> None:
         self.drafter = Path(self.drafter)
-        if self.steps < 1:
-            raise ConfigError(f"acceptance: --steps must be >= 1, got {self.steps}")
-        if self.max_samples < 0:
-            raise ConfigError(f"acceptance: --max-samples must be >= 0, got {self.max_samples}")
-        if self.attention not in ("sdpa", "eager", "flex"):
-            raise ConfigError(f"acceptance: --attention must be sdpa, eager or flex, got {self.attention!r}")
+        self.check_drafting("acceptance")
 
 
 def run_acceptance(cfg: AcceptanceConfig):

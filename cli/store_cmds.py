@@ -31,13 +31,11 @@ def _storage_options(pairs: tuple[str, ...]) -> dict:
 
 
 @dataclass(kw_only=True)
-class ValidateConfig:
+class _StoreOptions:
     store: str
     """Store path or fsspec URL."""
-    check_values: bool = True
-    """Decode every chunk and check values (NaN/Inf, id ranges); off = structure and checksums only."""
     as_json: bool = False
-    """Print the report as JSON."""
+    """Print machine-readable JSON instead of a human report."""
     storage_options: dict = field(default_factory=dict)
     """fsspec storage options (e.g. S3 credentials profile)."""
 
@@ -47,17 +45,14 @@ class ValidateConfig:
 
 
 @dataclass(kw_only=True)
-class InspectConfig:
-    store: str
-    """Store path or fsspec URL."""
-    as_json: bool = False
-    """Print machine-readable JSON instead of a table."""
-    storage_options: dict = field(default_factory=dict)
-    """fsspec storage options."""
+class ValidateConfig(_StoreOptions):
+    check_values: bool = True
+    """Decode every chunk and check values (NaN/Inf, id ranges); off = structure and checksums only."""
 
-    def __post_init__(self) -> None:
-        if not self.store:
-            raise ConfigError("STORE must be a path or URL")
+
+@dataclass(kw_only=True)
+class InspectConfig(_StoreOptions):
+    """Options of ``osprey data inspect``."""
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osprey_data.errors import ConfigError
+from osprey_train.evaluation.options import DraftingOptions
 
 __all__ = ["MatrixConfig", "MatrixResult", "parse_labeled", "run", "to_markdown", "plot_heatmap",
            "summarize"]
@@ -41,7 +42,7 @@ def parse_labeled(items: list[str] | tuple[str, ...], what: str) -> list[tuple[s
 
 
 @dataclass(kw_only=True)
-class MatrixConfig:
+class MatrixConfig(DraftingOptions):
     """Options of ``osprey eval matrix``."""
 
     drafters: list[tuple[str, str]]
@@ -50,25 +51,12 @@ class MatrixConfig:
     """(label, eval store) pairs; label == drafter label marks the in-domain cell."""
     out: Path
     """Output folder for matrix.md / matrix.json / matrix.png."""
-    steps: int = 5
-    """Draft length S."""
-    max_samples: int = 0
-    """Samples per store (0 = all)."""
-    device: str = "cpu"
-    """Device for the drafters."""
-    attention: str = "sdpa"
-    """TTT attention implementation used to draft all positions (sdpa, eager, flex)."""
-    progress: bool = True
-    """Show progress bars."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         if not self.drafters or not self.stores:
             raise ConfigError("matrix: give at least one --drafter and one --store")
-        if self.steps < 1:
-            raise ConfigError(f"matrix: --steps must be >= 1, got {self.steps}")
-        if self.max_samples < 0:
-            raise ConfigError(f"matrix: --max-samples must be >= 0, got {self.max_samples}")
+        self.check_drafting("matrix")
 
 
 @dataclass
