@@ -91,8 +91,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from osprey_data.build import BuildConfig, run
-    from osprey_data.build.target import load_hf_target
+    from osprey_data.builder import BuildConfig, run
+    from osprey_data.builder.target import load_hf_target
     from osprey_data.store import StoreReader
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """``osprey data build``: run a target over conversations and write a feature store.
 
-Parses the flags into :class:`osprey_data.build.BuildConfig` and calls
-:func:`osprey_data.build.run`; heavy imports happen only when the command runs.
+Parses the flags into :class:`osprey_data.builder.BuildConfig` and calls
+:func:`osprey_data.builder.run`; heavy imports happen only when the command runs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature,
           last_turn_only, layers, topk, hidden_codec, final_hidden, max_length, overflow, on_error,
           limit, batch_size, device, num_workers, worker_index, gguf_file) -> None:
     """Run TARGET over conversations; write responses, tapped hidden states and top-k log-probs."""
-    from osprey_data.build import BuildConfig, run
+    from osprey_data.builder import BuildConfig, run
 
     config = BuildConfig(
         target=target, inputs=tuple(inputs), out=out, backend=backend, regenerate=regenerate,

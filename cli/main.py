@@ -19,26 +19,26 @@ __all__ = ["main", "cli", "COMMANDS"]
 # group -> command name -> "module:attribute" of a click.Command.
 COMMANDS: dict[str, dict[str, str]] = {
     "data": {
-        "build": "cli.build_cmd:build",
-        "validate": "cli.store_cmds:validate",
-        "inspect": "cli.store_cmds:inspect",
-        "merge": "cli.store_cmds:merge",
-        "tokenize-corpus": "cli.corpus_cmd:tokenize_corpus",
+        "build": "osprey_cli.build_cmd:build",
+        "validate": "osprey_cli.store_cmds:validate",
+        "inspect": "osprey_cli.store_cmds:inspect",
+        "merge": "osprey_cli.store_cmds:merge",
+        "tokenize-corpus": "osprey_cli.corpus_cmd:tokenize_corpus",
     },
     "train": {
-        "prune": "cli.model_cmds:prune",
-        "convert": "cli.model_cmds:convert",
-        "pretrain": "cli.pretrain_cmd:pretrain",
-        "distill": "cli.distill_cmd:distill",
+        "prune": "osprey_cli.model_cmds:prune",
+        "convert": "osprey_cli.model_cmds:convert",
+        "pretrain": "osprey_cli.pretrain_cmd:pretrain",
+        "distill": "osprey_cli.distill_cmd:distill",
     },
     "eval": {
-        "acceptance": "cli.eval_cmds:acceptance",
-        "matrix": "cli.eval_cmds:matrix",
-        "live": "cli.live_cmd:live",
+        "acceptance": "osprey_cli.eval_cmds:acceptance",
+        "matrix": "osprey_cli.eval_cmds:matrix",
+        "live": "osprey_cli.live_cmd:live",
     },
     "": {
-        "export": "cli.export_cmd:export",
-        "demo": "cli.demo_cmd:demo",
+        "export": "osprey_cli.export_cmd:export",
+        "demo": "osprey_cli.demo_cmd:demo",
     },
 }
 

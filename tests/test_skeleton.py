@@ -7,7 +7,7 @@ import importlib
 import pytest
 from click.testing import CliRunner
 
-from cli.main import COMMANDS, cli
+from osprey_cli.main import COMMANDS, cli
 
 
 def test_every_cli_command_imports():
@@ -19,7 +19,7 @@ def test_every_cli_command_imports():
             assert result.exit_code == 0, (args, result.output, result.exception)
 
 
-@pytest.mark.parametrize("module", ["osprey_data", "osprey_train", "cli.main", "schemas"])
+@pytest.mark.parametrize("module", ["osprey_data", "osprey_train", "osprey_cli.main", "osprey_schemas"])
 def test_imports_without_sglang(module):
     importlib.import_module(module)
     import sys

@@ -30,7 +30,7 @@ class TokenCorpus:
     """A tokenized corpus folder as one memory-mapped uint32 token stream."""
 
     def __init__(self, path: str | Path, *, verify: bool = False) -> None:
-        import schemas
+        import osprey_schemas
 
         self.path = Path(path)
         index_path = self.path / "index.json"
@@ -43,7 +43,7 @@ class TokenCorpus:
             self.index: dict[str, Any] = json.loads(index_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError(f"{index_path}: not valid JSON ({exc.msg})") from None
-        schemas.validate(self.index, "corpus-index.v1.json", where=str(index_path))
+        osprey_schemas.validate(self.index, "corpus-index.v1.json", where=str(index_path))
         self.tokenizer: dict[str, Any] = self.index["tokenizer"]
         self.eos_id: int = int(self.tokenizer["eos_token_id"])
         self._shards: list[np.ndarray] = []

@@ -192,7 +192,7 @@ def _load_state(cfg: TokenizeCorpusConfig, identity_doc: dict[str, Any], inputs:
 
 def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
     """Tokenize ``cfg.inputs`` into ``cfg.out_dir``; returns the (validated) index document."""
-    import schemas
+    import osprey_schemas
 
     tokenizer = load_tokenizer(cfg.tokenizer)
     ident = tokenizer_identity(tokenizer, cfg.tokenizer)
@@ -256,7 +256,7 @@ def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
              "num_tokens": int(sum(s["tokens"] for s in state.shards)),
              "num_documents": int(sum(s["documents"] for s in state.shards)),
              "skipped_empty": int(state.skipped_empty), "created_unix": time.time(), "identity": identity_doc}
-    schemas.validate(index, INDEX_SCHEMA, where=str(index_path))
+    osprey_schemas.validate(index, INDEX_SCHEMA, where=str(index_path))
     _atomic_json(index, index_path)
     (cfg.out_dir / PROGRESS_NAME).unlink(missing_ok=True)
     return index

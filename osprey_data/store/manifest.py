@@ -280,7 +280,7 @@ def parse_manifest(raw: bytes, *, where: str) -> Manifest:
         SchemaError: does not match the schema. ManifestMismatchError: inconsistent totals.
     """
     from osprey_data.errors import StoreCorruptError
-    from schemas import validate
+    from osprey_schemas import validate
 
     try:
         doc = json.loads(raw.decode("utf-8"))

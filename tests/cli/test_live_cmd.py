@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli.main import cli
+from osprey_cli.main import cli
 
 
 @pytest.fixture(scope="module")

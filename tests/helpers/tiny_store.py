@@ -1,6 +1,6 @@
 """``make_tiny_store``: a real feature store built by the real builder on a tiny HF model.
 
-Used by the distill / evaluation / live / demo tests: it runs ``osprey_data.build.run`` greedily
+Used by the distill / evaluation / live / demo tests: it runs ``osprey_data.builder.run`` greedily
 (CPU, float32) over a few hand-written prompts (with references, so ``regenerate=False`` works)
 and returns the store path. Nothing is downloaded; prompts are written here for the tests.
 """
@@ -54,7 +54,7 @@ def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, nu
     """
     import json
 
-    from osprey_data.build import BuildConfig, run
+    from osprey_data.builder import BuildConfig, run
 
     out_dir = Path(out_dir)
     records = prompts if prompts is not None else _prompts(num_samples)

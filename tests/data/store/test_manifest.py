@@ -9,7 +9,7 @@ import pytest
 from osprey_data.errors import ConfigError, SchemaError
 from osprey_data.store import Manifest, ShardInfo, StoreHeader, TapLayers
 from osprey_data.store.manifest import header_differences, parse_manifest
-from schemas import validate
+from osprey_schemas import validate
 from tests.data.store.helpers import make_header
 
 

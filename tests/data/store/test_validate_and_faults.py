@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from osprey_cli.main import cli
 from osprey_data.errors import (
     FormatVersionError, ManifestMismatchError, SchemaError, StoreCorruptError, StoreNotFoundError,
 )

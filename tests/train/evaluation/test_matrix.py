@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from osprey_cli.main import cli
 from osprey_data.errors import ConfigError
 from osprey_train.evaluation.matrix import MatrixResult, parse_labeled, summarize, to_markdown
 from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store

@@ -157,7 +157,7 @@ def test_osprey_to_vllm_is_refused_and_options_checked(drafters, tmp_path):
 
 
 def test_cli_export(drafters, tmp_path):
-    from cli.main import cli
+    from osprey_cli.main import cli
 
     _, folder = drafters["eagle3"]
     runner = CliRunner()

@@ -34,7 +34,7 @@ def make_fake_store(out: Path, target_dir: Path, *, taps=(1, 3, 4), num_samples:
     """Write a store for the target at ``target_dir`` with random features (real StoreWriter)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from osprey_data.build.target import chat_template_hash, identify_target
+    from osprey_data.builder.target import chat_template_hash, identify_target
     from osprey_data.store import SampleRecord, StoreHeader, StoreWriter, TapLayers
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)

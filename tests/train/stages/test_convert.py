@@ -160,7 +160,7 @@ def test_convert_config_checks(tmp_path):
 
 
 def test_cli_convert(pair, tmp_path):
-    from cli.main import cli
+    from osprey_cli.main import cli
 
     backbone, target, _ = pair
     runner = CliRunner()

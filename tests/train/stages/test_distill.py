@@ -129,7 +129,7 @@ def test_config_and_compatibility_errors(tmp_path, builder_store, greedy_setup):
 def test_cli_distill(tmp_path, greedy_setup):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from osprey_cli.main import cli
 
     drafter = make_drafter_dir(tmp_path / "drafter", store=greedy_setup)
     res = CliRunner().invoke(cli, ["train", "distill", "--drafter", str(drafter), "--store", str(greedy_setup),

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from cli.main import cli
+from osprey_cli.main import cli
 from osprey_data.corpus import TokenizeCorpusConfig
 from osprey_data.corpus import run as tokenize
 from osprey_data.errors import CheckpointError, ConfigError, InputError
@@ -105,7 +105,7 @@ def test_ddp_two_processes_match_single_process(setup):
             "--eval-windows", "4", "--log-every", "1", "--device", "cpu", "--no-progress"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "cli.main", *args, "--out", str(tmp / "ddp"), "--distributed", "ddp"],
+                           "-m", "osprey_cli.main", *args, "--out", str(tmp / "ddp"), "--distributed", "ddp"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "held-out perplexity" in proc.stdout

@@ -71,7 +71,7 @@ def test_prune_config_checks(tmp_path):
 
 
 def test_cli_prune(tiny_llama_dir, tmp_path):
-    from cli.main import cli
+    from osprey_cli.main import cli
 
     runner = CliRunner()
     res = runner.invoke(cli, ["train", "prune", "--source", str(tiny_llama_dir), "--layers", "3",

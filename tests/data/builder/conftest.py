@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.data.build.templates import make_llama3_tokenizer, make_qwen3_tokenizer
+from tests.data.builder.templates import make_llama3_tokenizer, make_qwen3_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from osprey_data.build.config import BuildConfig
+    from osprey_data.builder.config import BuildConfig
     from osprey_data.store import TargetIdentity
 
 __all__ = [

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from osprey_data.build.target import (
+from osprey_data.builder.target import (
     _split_gguf, chat_template_hash, default_tap_layers, identify_target, load_hf_target,
 )
 from osprey_data.errors import ConfigError, InputError

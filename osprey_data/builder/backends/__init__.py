@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from osprey_data.build.backends.base import (
+from osprey_data.builder.backends.base import (
     GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend, request_seed,
 )
-from osprey_data.build.backends.hf import HFBackend
-from osprey_data.build.backends.sglang import SGLangBackend
+from osprey_data.builder.backends.hf import HFBackend
+from osprey_data.builder.backends.sglang import SGLangBackend
 
 __all__ = [
     "BACKENDS", "TargetBackend", "GenerationRequest", "GenerationResult", "SamplingParams",

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from osprey_data.build.backends.base import (
+from osprey_data.builder.backends.base import (
     GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend,
 )
-from osprey_data.build.chat_template import stop_token_ids
-from osprey_data.build.target import identify_target, load_hf_target, resolve_device, text_config
+from osprey_data.builder.chat_template import stop_token_ids
+from osprey_data.builder.target import identify_target, load_hf_target, resolve_device, text_config
 from osprey_data.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from osprey_data.build.config import BuildConfig
+    from osprey_data.builder.config import BuildConfig
 
 __all__ = ["HFBackend", "resolve_dtype", "decoder_layers", "sample_next"]
 

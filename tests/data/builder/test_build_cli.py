@@ -6,8 +6,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from cli.build_cmd import parse_layers
-from cli.main import cli
+from osprey_cli.build_cmd import parse_layers
+from osprey_cli.main import cli
 from osprey_data.store import StoreReader
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from osprey_data.build.backends import GenerationRequest, HFBackend, SamplingParams
-from osprey_data.build.backends.hf import sample_next
-from osprey_data.build.config import BuildConfig
+from osprey_data.builder.backends import GenerationRequest, HFBackend, SamplingParams
+from osprey_data.builder.backends.hf import sample_next
+from osprey_data.builder.config import BuildConfig
 from osprey_data.errors import ConfigError, ModelError
-from tests.data.build.backend_contract import PROMPTS, BackendContract
+from tests.data.builder.backend_contract import PROMPTS, BackendContract
 
 
 def hf_backend(model_dir) -> HFBackend:

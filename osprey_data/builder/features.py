@@ -1,6 +1,6 @@
 """From backend features to store records: finiteness check and the :class:`SampleRecord`.
 
-Backends return per-sequence :class:`~osprey_data.build.backends.base.SequenceFeatures`
+Backends return per-sequence :class:`~osprey_data.builder.backends.base.SequenceFeatures`
 (tapped hidden states, top-k next-token log-probs under the full softmax, optional final hidden
 state). Here they meet the rendered tokens: shapes are checked against the sequence, and a
 sample whose features contain NaN/Inf is reported (it goes to the errors file, never into the
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from osprey_data.build.backends.base import SequenceFeatures
-from osprey_data.build.chat_template import RenderedSample
+from osprey_data.builder.backends.base import SequenceFeatures
+from osprey_data.builder.chat_template import RenderedSample
 from osprey_data.errors import ModelError
 
 __all__ = ["non_finite_reason", "make_record"]

@@ -27,14 +27,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from osprey_data.build.backends import BACKENDS, GenerationRequest, SamplingParams, TargetBackend, request_seed
-from osprey_data.build.chat_template import ChatRenderer, RenderedSample
-from osprey_data.build.config import BuildConfig
-from osprey_data.build.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
-from osprey_data.build.features import make_record, non_finite_reason
-from osprey_data.build.inputs import InputSample, iter_inputs
-from osprey_data.build.partition import belongs_to
-from osprey_data.build.target import chat_template_hash, default_tap_layers
+from osprey_data.builder.backends import BACKENDS, GenerationRequest, SamplingParams, TargetBackend, request_seed
+from osprey_data.builder.chat_template import ChatRenderer, RenderedSample
+from osprey_data.builder.config import BuildConfig
+from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
+from osprey_data.builder.features import make_record, non_finite_reason
+from osprey_data.builder.inputs import InputSample, iter_inputs
+from osprey_data.builder.partition import belongs_to
+from osprey_data.builder.target import chat_template_hash, default_tap_layers
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, ModelError, StoreNotFoundError
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]

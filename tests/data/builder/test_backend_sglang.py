@@ -6,16 +6,16 @@ import sys
 
 import pytest
 
-from osprey_data.build.backends.sglang import SGLangBackend, sglang_available
-from osprey_data.build.config import BuildConfig
+from osprey_data.builder.backends.sglang import SGLangBackend, sglang_available
+from osprey_data.builder.config import BuildConfig
 from osprey_data.errors import BackendUnavailableError
-from tests.data.build.backend_contract import BackendContract
+from tests.data.builder.backend_contract import BackendContract
 
 
 def test_package_import_never_imports_sglang():
-    import cli.build_cmd  # noqa: F401
-    import osprey_data.build.backends  # noqa: F401
-    import osprey_data.build.runner  # noqa: F401
+    import osprey_cli.build_cmd  # noqa: F401
+    import osprey_data.builder.backends  # noqa: F401
+    import osprey_data.builder.runner  # noqa: F401
 
     # where SGLang is installed it must still not be imported until the backend is constructed
     assert "sglang" not in sys.modules

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from osprey_data.build import BuildConfig, run
-from osprey_data.build.chat_template import ChatRenderer, stop_token_ids
-from osprey_data.build.runner import BUILDER_VERSION, SEQUENCE_LAYOUT
+from osprey_data.builder import BuildConfig, run
+from osprey_data.builder.chat_template import ChatRenderer, stop_token_ids
+from osprey_data.builder.runner import BUILDER_VERSION, SEQUENCE_LAYOUT
 from osprey_data.errors import ManifestMismatchError
 from osprey_data.store import StoreReader, validate_store
-from tests.data.build.conftest import PROMPTS, write_jsonl
+from tests.data.builder.conftest import PROMPTS, write_jsonl
 
 
 def _config(model_dir, inputs, out, **kw) -> BuildConfig:
@@ -135,7 +135,7 @@ def test_overflow_truncate_keeps_the_exact_prefix(tiny_llama_dir, tmp_path, gree
 
 
 def test_old_layout_store_is_refused(tiny_llama_dir, tmp_path, monkeypatch):
-    from osprey_data.build import runner
+    from osprey_data.builder import runner
 
     inputs = write_jsonl(tmp_path / "p.jsonl", PROMPTS[:1])
     store = tmp_path / "s"

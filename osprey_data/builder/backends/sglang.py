@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from osprey_data.build.backends.base import (
+from osprey_data.builder.backends.base import (
     GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend,
 )
 from osprey_data.errors import BackendUnavailableError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from osprey_data.build.config import BuildConfig
+    from osprey_data.builder.config import BuildConfig
 
 __all__ = ["SGLangBackend", "sglang_available", "ENGINE_MEM_FRACTION"]
 
@@ -82,7 +82,7 @@ class SGLangBackend(TargetBackend):
             raise ConfigError("--backend sglang loads HF folders only; convert the GGUF model or use --backend hf")
         if config.device == "cpu":
             raise ConfigError("--backend sglang runs on CUDA; drop --device cpu or use --backend hf")
-        from osprey_data.build.backends.hf import HFBackend
+        from osprey_data.builder.backends.hf import HFBackend
 
         # The prefill model: tokenizer, identity, stop ids and features, exactly as the HF backend.
         self._prefill = HFBackend(config)

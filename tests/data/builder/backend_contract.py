@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from osprey_data.build.backends import GenerationRequest, SamplingParams
+from osprey_data.builder.backends import GenerationRequest, SamplingParams
 
 PROMPTS = [
     "<|im_start|>user\nWhat is two plus two?<|im_end|>\n<|im_start|>assistant\n",

@@ -1,6 +1,6 @@
 """``BuildConfig``: every setting of one ``osprey data build`` run, checked up front.
 
-The CLI parses its flags into this dataclass and calls :func:`osprey_data.build.run`. The
+The CLI parses its flags into this dataclass and calls :func:`osprey_data.builder.run`. The
 settings that change what ends up in the store (generation parameters, taps, top-k, codec,
 length policy, worker partition) are listed in :data:`CONTENT_FIELDS`; they go into the store
 header's ``build_config`` and ``build_fingerprint`` so that resuming with a different value is
@@ -102,7 +102,7 @@ class BuildConfig:
             raise ConfigError("--target is required")
         self.target = str(self.target)
         self.out = str(self.out)
-        from osprey_data.build.backends import BACKENDS
+        from osprey_data.builder.backends import BACKENDS
 
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend {self.backend!r} is unknown; use one of {sorted(BACKENDS)}")

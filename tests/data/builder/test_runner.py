@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from osprey_data.build import BuildConfig, run
-from osprey_data.build.backends import hf as hf_module
-from osprey_data.build.chat_template import ChatRenderer, stop_token_ids
+from osprey_data.builder import BuildConfig, run
+from osprey_data.builder.backends import hf as hf_module
+from osprey_data.builder.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError
 from osprey_data.store import StoreReader, merge_store, validate_store
-from tests.data.build.conftest import PROMPTS, write_jsonl
+from tests.data.builder.conftest import PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -204,8 +204,8 @@ def test_worker_flags_are_checked():
 _KILLABLE = """
 import sys, time, torch
 torch.set_num_threads(1)
-from osprey_data.build import BuildConfig, run
-from osprey_data.build.backends import hf
+from osprey_data.builder import BuildConfig, run
+from osprey_data.builder.backends import hf
 original = hf.HFBackend.features
 def slow(self, *a, **k):  # slow enough to be killed between shard commits
     time.sleep(0.4)

@@ -1,1 +1,0 @@
-"""Tests of the builder (osprey_data.build)."""

@@ -1,0 +1,1 @@
+"""Tests of the builder (osprey_data.builder)."""
