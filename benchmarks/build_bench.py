@@ -92,8 +92,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from osprey_data.builder import BuildConfig, run
-    from osprey_data.builder.target import load_hf_target
     from osprey_data.store import StoreReader
+    from osprey_data.target import load_hf_target
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -68,6 +68,7 @@ def shape(scale: int, vocab_scale: int) -> dict:
 def build(sh: dict):
     import torch
 
+    from osprey_data.target import TapLayers
     from osprey_train.models import DrafterConfig
     from osprey_train.models.io import build_drafter
 
@@ -75,8 +76,8 @@ def build(sh: dict):
         "tiny", arch="osprey", family="qwen3", qk_norm=True, num_layers=sh["layers"], hidden_size=sh["d"],
         intermediate_size=sh["intermediate"], num_attention_heads=sh["heads"], num_key_value_heads=sh["kv_heads"],
         head_dim=sh["head_dim"], vocab_size=sh["vocab"], draft_vocab_size=sh["vocab"],
-        target_hidden_size=sh["d_target"], num_taps=sh["taps"], max_position_embeddings=8192,
-        tap_layers={"layer_ids": [2, 18, 33], "convention": "hf_hidden_states"})
+        target_hidden_size=sh["d_target"], max_position_embeddings=8192,
+        tap_layers=TapLayers(layer_ids=(2, 18, 33)))
     torch.manual_seed(0)
     model = build_drafter(cfg)
     model.model.embed_tokens.weight.requires_grad_(False)  # as distill does by default

@@ -32,13 +32,14 @@ class AcceptanceConfig(DraftingOptions):
 def run_acceptance(cfg: AcceptanceConfig):
     """Load the drafter and store, check they belong together, and simulate."""
     from osprey_data.store import StoreReader
+    from osprey_data.target import check_compatible
     from osprey_train.evaluation.acceptance import evaluate_acceptance
     from osprey_train.models import load_drafter
-    from osprey_train.stages.distill import check_compatible
 
     drafter = load_drafter(cfg.drafter, device=cfg.device)
     reader = StoreReader(cfg.store)
-    check_compatible(drafter.config, reader.header, f"acceptance: drafter {cfg.drafter} on store {cfg.store}")
+    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
+                     where=f"acceptance: drafter {cfg.drafter} on store {cfg.store}")
     return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
                                impl=cfg.attention, progress=cfg.progress)
 

@@ -4,6 +4,9 @@ Each ``*.vN.json`` file here is the contract of one format; code that writes or 
 format validates through :func:`validate` so that a shared store or checkpoint written by
 another team fails loudly, naming the file and the offending field, instead of deep inside
 a reader.
+
+This package imports nothing else of Osprey: it raises its own :class:`SchemaValidationError`,
+and the data package turns that into Osprey's ``SchemaError`` (``osprey_data.schema_check``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["load_schema", "validate", "SCHEMA_NAMES"]
+__all__ = ["load_schema", "validate", "SCHEMA_NAMES", "SchemaValidationError"]
+
+
+class SchemaValidationError(ValueError):
+    """A document does not match its schema; the message names the file, the JSON path and why."""
 
 
 def _schema_files() -> dict[str, Any]:
@@ -41,11 +48,9 @@ def validate(document: Any, schema_name: str, *, where: str) -> None:
         where: the file or URL the document came from, quoted in the error.
 
     Raises:
-        osprey_data.errors.SchemaError: naming ``where``, the JSON path and the reason.
+        SchemaValidationError: naming ``where``, the JSON path and the reason.
     """
-    import jsonschema
-
-    from osprey_data.errors import SchemaError
+    import jsonschema  # only when validating: keeps `import osprey_schemas` cheap
 
     validator = jsonschema.Draft202012Validator(load_schema(schema_name))
     errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
@@ -53,6 +58,6 @@ def validate(document: Any, schema_name: str, *, where: str) -> None:
         first = errors[0]
         path = "/".join(str(p) for p in first.absolute_path) or "<root>"
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise SchemaError(
+        raise SchemaValidationError(
             f"{where}: does not match schema {schema_name} at '{path}': {first.message}{more}"
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from osprey_data.builder.inputs import InputSample
+from osprey_data.conversation.inputs import InputSample
 from osprey_data.errors import InputError
 
 __all__ = ["Dialogue", "plan_dialogue", "combine_finish_reasons"]

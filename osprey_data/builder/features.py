@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from osprey_data.builder.backends.base import SequenceFeatures
-from osprey_data.builder.chat_template import RenderedSample
+from osprey_data.conversation.chat_template import RenderedSample
 from osprey_data.errors import ModelError
 
 __all__ = ["non_finite_reason", "make_record"]

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from osprey_data.builder.backends import BACKENDS, GenerationRequest, SamplingParams, TargetBackend, request_seed
-from osprey_data.builder.chat_template import ChatRenderer, RenderedSample
 from osprey_data.builder.config import BuildConfig
 from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
 from osprey_data.builder.features import make_record, non_finite_reason
-from osprey_data.builder.inputs import InputSample, iter_inputs
 from osprey_data.builder.partition import belongs_to
-from osprey_data.builder.target import chat_template_hash, default_tap_layers
+from osprey_data.conversation import ChatRenderer, InputSample, RenderedSample, iter_inputs
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, ModelError, StoreNotFoundError
+from osprey_data.store import StoreHeader, StoreReader, StoreWriter
+from osprey_data.target import TapLayers, chat_template_hash, default_tap_layers
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
 
@@ -110,8 +110,6 @@ class BuildSummary:
 
 def make_header(config: BuildConfig, backend: TargetBackend):
     """The store header of this build: identity, taps, codec and the content-affecting config."""
-    from osprey_data.store import StoreHeader, TapLayers
-
     identity = backend.identity
     if config.layers is not None:
         bad = [i for i in config.layers if i > identity.num_layers]
@@ -139,8 +137,6 @@ def make_header(config: BuildConfig, backend: TargetBackend):
 
 def _check_existing_store(config: BuildConfig, header: Any) -> None:
     """Refuse to resume into a store built with other content settings, naming them."""
-    from osprey_data.store import StoreReader
-
     try:
         old = StoreReader(config.out, storage_options=config.storage_options).header
     except StoreNotFoundError:
@@ -316,7 +312,6 @@ def run(config: BuildConfig) -> BuildSummary:
     """Build (or resume building) the store ``config.out``; returns the summary."""
     from tqdm.auto import tqdm
 
-    from osprey_data.store import StoreWriter
     from osprey_data.store.merge import read_journal
 
     t0 = time.perf_counter()

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from osprey_data.errors import InputError
+from osprey_data.schema_check import validate
 
 __all__ = ["TokenCorpus", "WindowSampler"]
 
@@ -30,8 +31,6 @@ class TokenCorpus:
     """A tokenized corpus folder as one memory-mapped uint32 token stream."""
 
     def __init__(self, path: str | Path, *, verify: bool = False) -> None:
-        import osprey_schemas
-
         self.path = Path(path)
         index_path = self.path / "index.json"
         if not index_path.is_file():
@@ -43,7 +42,7 @@ class TokenCorpus:
             self.index: dict[str, Any] = json.loads(index_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError(f"{index_path}: not valid JSON ({exc.msg})") from None
-        osprey_schemas.validate(self.index, "corpus-index.v1.json", where=str(index_path))
+        validate(self.index, "corpus-index.v1.json", where=str(index_path))
         self.tokenizer: dict[str, Any] = self.index["tokenizer"]
         self.eos_id: int = int(self.tokenizer["eos_token_id"])
         self._shards: list[np.ndarray] = []

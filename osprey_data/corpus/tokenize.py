@@ -28,6 +28,7 @@ import numpy as np
 
 from osprey_data.corpus.sources import TXT_DOC_MODES, detect_format, iter_documents
 from osprey_data.errors import ConfigError, InputError
+from osprey_data.schema_check import validate
 
 __all__ = ["TokenizeCorpusConfig", "run", "tokenizer_identity", "load_tokenizer", "INDEX_NAME", "INDEX_SCHEMA"]
 
@@ -192,8 +193,6 @@ def _load_state(cfg: TokenizeCorpusConfig, identity_doc: dict[str, Any], inputs:
 
 def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
     """Tokenize ``cfg.inputs`` into ``cfg.out_dir``; returns the (validated) index document."""
-    import osprey_schemas
-
     tokenizer = load_tokenizer(cfg.tokenizer)
     ident = tokenizer_identity(tokenizer, cfg.tokenizer)
     inputs = [_input_entry(p) for p in cfg.inputs]
@@ -256,7 +255,7 @@ def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
              "num_tokens": int(sum(s["tokens"] for s in state.shards)),
              "num_documents": int(sum(s["documents"] for s in state.shards)),
              "skipped_empty": int(state.skipped_empty), "created_unix": time.time(), "identity": identity_doc}
-    osprey_schemas.validate(index, INDEX_SCHEMA, where=str(index_path))
+    validate(index, INDEX_SCHEMA, where=str(index_path))
     _atomic_json(index, index_path)
     (cfg.out_dir / PROGRESS_NAME).unlink(missing_ok=True)
     return index

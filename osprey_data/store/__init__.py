@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from osprey_data.store.codecs import HIDDEN_CODECS
 from osprey_data.store.inspect import inspect_store
-from osprey_data.store.manifest import Manifest, ShardInfo, StoreHeader, TapLayers, TargetIdentity
+from osprey_data.store.manifest import Manifest, ShardInfo, StoreHeader
 from osprey_data.store.merge import merge_store
 from osprey_data.store.reader import StoreReader
 from osprey_data.store.records import Sample, SampleRecord
 from osprey_data.store.validate import validate_store
 from osprey_data.store.writer import StoreWriter
+
+# The header's target fields; their home is osprey_data.target.
+from osprey_data.target import TapLayers, TargetIdentity
 
 __all__ = [
     "TargetIdentity", "TapLayers", "StoreHeader", "SampleRecord", "Sample", "ShardInfo", "Manifest",

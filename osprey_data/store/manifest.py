@@ -1,4 +1,4 @@
-"""Store metadata: target identity, tap layers, store header, shard list and the manifest.
+"""Store metadata: the store header, the shard list and the manifest.
 
 These dataclasses are the in-memory form of ``manifest.json`` (schema
 ``schemas/store-manifest.v1.json``). Every one has ``to_dict``/``from_dict`` that round-trip
@@ -13,13 +13,15 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from osprey_data.errors import ConfigError, FormatVersionError, ManifestMismatchError, SchemaError
+from osprey_data.errors import (ConfigError, FormatVersionError, ManifestMismatchError, SchemaError,
+                                StoreCorruptError)
+from osprey_data.schema_check import validate
+from osprey_data.store.codecs import HIDDEN_CODECS
+from osprey_data.target import TapLayers, TargetIdentity
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "TargetIdentity",
-    "TapLayers",
     "StoreHeader",
     "ShardInfo",
     "Manifest",
@@ -31,90 +33,11 @@ __all__ = [
 
 FORMAT_NAME = "osprey-store"
 FORMAT_VERSION = 1
-TAP_CONVENTIONS = ("hf_hidden_states",)
 
 
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys and no whitespace: the form hashes are taken of."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TargetIdentity:
-    """Which target model produced a store (hashes make 'same target' checkable)."""
-
-    name_or_path: str
-    model_type: str
-    config_hash: str
-    tokenizer_hash: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    dtype: str
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers"):
-            if int(getattr(self, name)) <= 0:
-                raise ConfigError(f"TargetIdentity.{name} must be positive, got {getattr(self, name)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TargetIdentity:
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
-
-
-@dataclass(frozen=True, kw_only=True)
-class TapLayers:
-    """Which target hidden states are tapped, with the indexing convention stated.
-
-    ``hf_hidden_states``: index into HF ``output_hidden_states`` — 0 is the embedding output,
-    i (>= 1) is the output of decoder layer i-1, i.e. the residual stream entering layer i.
-    """
-
-    layer_ids: tuple[int, ...]
-    convention: str = "hf_hidden_states"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
-        if not self.layer_ids:
-            raise ConfigError("TapLayers.layer_ids must name at least one layer")
-        if any(i < 0 for i in self.layer_ids):
-            raise ConfigError(f"TapLayers.layer_ids must be >= 0, got {list(self.layer_ids)}")
-        if self.convention not in TAP_CONVENTIONS:
-            raise ConfigError(
-                f"TapLayers.convention {self.convention!r} is unknown; use one of {TAP_CONVENTIONS}"
-            )
-
-    def to_sglang(self) -> list[int]:
-        """Ids for SGLang's draft config ``eagle_aux_hidden_state_layer_ids``.
-
-        SGLang's ``set_eagle3_layers_to_capture`` adds 1 to explicit ids and captures the
-        residual stream *entering* that layer, so explicit id j means "output of layer j" =
-        ``hidden_states[j + 1]``; we therefore subtract one.
-        """
-        if 0 in self.layer_ids:
-            raise ConfigError(
-                "tap 0 (embedding output) cannot be expressed in SGLang's aux-layer ids "
-                "(they name decoder-layer outputs); choose taps >= 1"
-            )
-        return [i - 1 for i in self.layer_ids]
-
-    def to_vllm(self) -> list[int]:
-        """Ids for vLLM's ``eagle_aux_hidden_state_layer_ids`` / ``aux_hidden_state_layers``.
-
-        vLLM captures ``hidden_states + residual`` before running layer ``idx``, i.e. the input
-        of layer idx = ``hidden_states[idx]``: the same numbers as our convention.
-        """
-        return list(self.layer_ids)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer_ids": list(self.layer_ids), "convention": self.convention}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TapLayers:
-        return cls(layer_ids=tuple(d["layer_ids"]), convention=d.get("convention", "hf_hidden_states"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,8 +56,6 @@ class StoreHeader:
     builder_version: str
 
     def __post_init__(self) -> None:
-        from osprey_data.store.codecs import HIDDEN_CODECS
-
         if self.hidden_codec not in HIDDEN_CODECS:
             raise ConfigError(
                 f"hidden_codec {self.hidden_codec!r} is unknown; use one of {sorted(HIDDEN_CODECS)}"
@@ -279,9 +200,6 @@ def parse_manifest(raw: bytes, *, where: str) -> Manifest:
         StoreCorruptError: not JSON. FormatVersionError: newer/unknown version.
         SchemaError: does not match the schema. ManifestMismatchError: inconsistent totals.
     """
-    from osprey_data.errors import StoreCorruptError
-    from osprey_schemas import validate
-
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

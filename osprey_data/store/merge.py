@@ -16,7 +16,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from osprey_data.errors import ManifestMismatchError, SchemaError, StoreCorruptError, StoreNotFoundError
+from osprey_data.errors import (FormatVersionError, ManifestMismatchError, SchemaError, StoreCorruptError,
+                                StoreNotFoundError)
+from osprey_data.schema_check import validate
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import (
     FORMAT_VERSION, Manifest, ShardInfo, StoreHeader, header_hash, parse_manifest,
@@ -42,16 +44,12 @@ def read_manifest(fs: StoreFS) -> Manifest:
 
 
 def read_journal(fs: StoreFS, name: str) -> dict[str, Any]:
-    from osprey_schemas import validate
-
     rel = f"workers/{name}"
     try:
         doc = json.loads(fs.read_bytes(rel).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreCorruptError(f"{fs.where(rel)}: worker journal is not valid JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("format_version"), int) and doc["format_version"] > FORMAT_VERSION:
-        from osprey_data.errors import FormatVersionError
-
         raise FormatVersionError(f"{fs.where(rel)}: journal format_version {doc['format_version']} is newer "
                                  f"than supported ({FORMAT_VERSION}); upgrade Osprey")
     try:

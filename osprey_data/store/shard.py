@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from osprey_data.errors import ManifestMismatchError, SchemaError, StoreCorruptError, StoreNotFoundError
+from osprey_data.schema_check import validate
 from osprey_data.store.codecs import HIDDEN_CODECS
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import FORMAT_VERSION, ShardInfo, StoreHeader, header_hash
@@ -134,8 +135,6 @@ class ShardBuilder:
 
 def parse_commit(raw: bytes, *, where: str) -> dict[str, Any]:
     """Parse a ``_COMMIT.json`` and check it against its schema."""
-    from osprey_schemas import validate
-
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

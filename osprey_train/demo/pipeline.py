@@ -249,7 +249,7 @@ def run(cfg: DemoConfig) -> DemoResult:
 
 
 def _device(device: str) -> str:
-    from osprey_data.builder.target import resolve_device
+    from osprey_data.target import resolve_device
 
     return resolve_device(device)
 

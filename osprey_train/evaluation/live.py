@@ -7,7 +7,7 @@ convention, pooled over verify steps) overall and per domain, the per-position a
 tokens/s of both and their ratio, and — for greedy decoding — how many outputs were identical
 to plain decoding (they must all be: greedy verification is lossless).
 
-Prompts are read with the builder's readers and rendered with the builder's chat renderer, so a
+Prompts are read and rendered with :mod:`osprey_data.conversation`, as the builder does, so a
 store built from the same file with ``osprey data build`` holds exactly the same prompt ids
 (that is what the offline/live agreement test relies on). The prompt is the conversation up to
 its last user turn; ``limit`` keeps at most that many prompts, taken round-robin across domains
@@ -25,9 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from osprey_data.errors import ConfigError, InputError, ModelError
+from osprey_data.conversation import ChatRenderer, iter_inputs, stop_token_ids
+from osprey_data.errors import ConfigError, InputError
+from osprey_data.target import check_compatible, identify_target, load_hf_target, resolve_device
+from osprey_train.evaluation.live_drafter import DrafterSession
+from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
+from osprey_train.models import load_drafter
 
-__all__ = ["LiveConfig", "LiveReport", "LivePrompt", "run", "load_prompts", "check_compatible", "busy_machine_threads"]
+__all__ = ["LiveConfig", "LiveReport", "LivePrompt", "run", "load_prompts", "busy_machine_threads"]
 
 
 @dataclass(kw_only=True)
@@ -169,9 +174,6 @@ class LiveReport:
 
 def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: int | None = None) -> list[LivePrompt]:
     """Read prompt files and render each conversation up to its last user turn."""
-    from osprey_data.builder.chat_template import ChatRenderer
-    from osprey_data.builder.inputs import iter_inputs
-
     renderer = ChatRenderer(tokenizer, stop_ids=frozenset({-1}))  # stop ids unused for prompts
     by_domain: dict[str, list[LivePrompt]] = defaultdict(list)
     order: list[str] = []
@@ -205,30 +207,6 @@ def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: 
     return prompts
 
 
-def check_compatible(drafter: Any, model: Any, tokenizer: Any, target_name: str, *, allow_mismatch: bool) -> None:
-    """Raise ModelError when the drafter cannot serve this target."""
-    from osprey_data.builder.target import identify_target
-
-    cfg = drafter.config
-    identity = identify_target(model, tokenizer, target_name)
-    problems = []
-    if cfg.vocab_size != identity.vocab_size:
-        problems.append(f"vocab_size {cfg.vocab_size} vs target {identity.vocab_size}")
-    if cfg.target_hidden_size != identity.hidden_size:
-        problems.append(f"target_hidden_size {cfg.target_hidden_size} vs target hidden size {identity.hidden_size}")
-    bad_taps = [i for i in cfg.tap_layers["layer_ids"] if not 0 <= i <= identity.num_layers]
-    if bad_taps:
-        problems.append(f"tap layers {bad_taps} outside 0..{identity.num_layers}")
-    if problems:
-        raise ModelError(f"drafter was built for another target: {'; '.join(problems)}")
-    if cfg.target and not allow_mismatch:
-        for key in ("tokenizer_hash", "config_hash"):
-            if cfg.target.get(key) and cfg.target[key] != getattr(identity, key):
-                raise ModelError(
-                    f"drafter's target {cfg.target.get('name_or_path')!r} has another {key} than "
-                    f"{target_name!r}; use the drafter's own target, or pass --allow-target-mismatch")
-
-
 def run(config: LiveConfig) -> LiveReport:
     """Decode every prompt with the target alone and with the drafter; return the figures."""
     import torch
@@ -248,19 +226,16 @@ def _run(config: LiveConfig) -> LiveReport:
     import torch
     from tqdm.auto import tqdm
 
-    from osprey_data.builder.chat_template import stop_token_ids
-    from osprey_data.builder.target import load_hf_target, resolve_device
-    from osprey_train.evaluation.live_drafter import DrafterSession
-    from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
-    from osprey_train.models import load_drafter
-
     device = resolve_device(config.device)
     drafter = load_drafter(config.drafter, device=device)
     model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device)
-    check_compatible(drafter, model, tokenizer, config.target, allow_mismatch=config.allow_target_mismatch)
+    check_compatible(drafter.config, identify_target(model, tokenizer, config.target),
+                     where=f"live: drafter {config.drafter} on target {config.target}",
+                     check_identity=not config.allow_target_mismatch,
+                     hint="use the drafter's own target, or pass --allow-target-mismatch")
     prompts = load_prompts(config.inputs, tokenizer, limit=config.limit)
     eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
-    taps = drafter.config.tap_layers["layer_ids"]
+    taps = drafter.config.tap_layers.layer_ids
     target = HFTargetSession(model, taps)
     session = DrafterSession(drafter, target_vocab_size=model.get_output_embeddings().weight.shape[0],
                              tap_codec=config.tap_codec)

@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osprey_data.errors import ConfigError
+from osprey_data.store import StoreReader
+from osprey_data.target import check_compatible
+from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.options import DraftingOptions
+from osprey_train.models import load_drafter
 
 __all__ = ["MatrixConfig", "MatrixResult", "parse_labeled", "run", "to_markdown", "plot_heatmap",
            "summarize"]
@@ -139,11 +143,6 @@ def _write(path: Path, text: str) -> None:
 
 def run(cfg: MatrixConfig) -> MatrixResult:
     """Evaluate every drafter on every store and write the table, JSON and heatmap."""
-    from osprey_data.store import StoreReader
-    from osprey_train.evaluation.acceptance import evaluate_acceptance
-    from osprey_train.models import load_drafter
-    from osprey_train.stages.distill import check_compatible
-
     readers = [(name, StoreReader(url)) for name, url in cfg.stores]
     values: list[list[float]] = []
     proxy = [False] * len(readers)
@@ -151,7 +150,8 @@ def run(cfg: MatrixConfig) -> MatrixResult:
         drafter = load_drafter(dpath, device=cfg.device)
         row = []
         for j, (sname, reader) in enumerate(readers):
-            check_compatible(drafter.config, reader.header, f"matrix: drafter {dname!r} on store {sname!r}")
+            check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
+                             where=f"matrix: drafter {dname!r} on store {sname!r}")
             rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
                                       impl=cfg.attention, progress=cfg.progress)
             row.append(rep.overall)

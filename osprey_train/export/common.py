@@ -1,4 +1,4 @@
-"""Shared pieces of the exporters: dtypes, tap-id conventions, atomic folder writing, side files.
+"""Shared pieces of the exporters: dtypes, d2t/t2d maps, atomic folder writing, side files.
 
 Legend: V target vocab, Vd draft vocab.
 """
@@ -10,14 +10,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from osprey_data.errors import CheckpointError, ConfigError
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
-           "t2d_mask", "tap_layers", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
+           "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Files next to a drafter that travel with every export (tokenizer of the target, stats).
@@ -46,13 +46,6 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
     mask = torch.zeros(vocab_size, dtype=torch.bool)
     mask[draft_to_target_Vd.to(torch.long)] = True
     return mask
-
-
-def tap_layers(config: Any) -> Any:
-    """The drafter's TapLayers (store class), for its engine-convention converters."""
-    from osprey_data.store import TapLayers
-
-    return TapLayers.from_dict(config.tap_layers)
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:

@@ -28,10 +28,12 @@ from typing import Any
 import torch
 
 from osprey_data.errors import CheckpointError
+from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.export.common import (absolute_d2t, copy_side_files, dtype_name, load_tensors, offset_d2t,
-                                        read_json, save_tensors, t2d_mask, tap_layers, write_folder)
+                                        read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
+from osprey_train.models.io import build_drafter
 
 __all__ = ["write_sglang", "read_sglang", "llama_layer_config", "OSPREY_SGLANG_ARCH", "EAGLE3_SGLANG_ARCH"]
 
@@ -65,11 +67,12 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
                  overwrite: bool) -> Path:
     """Write ``model`` in the layout SGLang loads (see module docstring)."""
     cfg = model.config
-    taps = tap_layers(cfg)
     doc = llama_layer_config(cfg, dtype)
     doc["target_hidden_size"] = cfg.target_hidden_size
-    doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": taps.to_sglang(), "use_aux_hidden_state": True}
-    doc["osprey_target"] = cfg.target  # provenance: which target (and tokenizer) this drafter serves
+    doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_sglang(),
+                           "use_aux_hidden_state": True}
+    # provenance: which target (and tokenizer) this drafter serves
+    doc["osprey_target"] = None if cfg.target is None else cfg.target.to_dict()
     if cfg.arch == "eagle3":
         doc.update(architectures=[EAGLE3_SGLANG_ARCH], draft_vocab_size=cfg.draft_vocab_size)
         state = _eagle3_state(model, dtype)
@@ -89,6 +92,7 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
 def _config_from_llama(doc: dict, *, where: Path) -> DrafterConfig:
     try:
         ids = doc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        target = doc.get("osprey_target")
         return DrafterConfig(
             arch="eagle3", family="llama", num_layers=1, hidden_size=doc["hidden_size"],
             intermediate_size=doc["intermediate_size"], num_attention_heads=doc["num_attention_heads"],
@@ -96,8 +100,8 @@ def _config_from_llama(doc: dict, *, where: Path) -> DrafterConfig:
             rms_norm_eps=doc["rms_norm_eps"], rope_theta=doc["rope_theta"], rope_scaling=doc.get("rope_scaling"),
             max_position_embeddings=doc["max_position_embeddings"], vocab_size=doc["vocab_size"],
             draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
-            num_taps=len(ids), tap_layers={"layer_ids": [i + 1 for i in ids], "convention": "hf_hidden_states"},
-            target=doc.get("osprey_target"),
+            tap_layers=TapLayers.from_sglang(ids),
+            target=None if target is None else TargetIdentity.from_dict(target),
         )
     except KeyError as exc:
         raise CheckpointError(f"{where}: config.json lacks {exc}; not an EAGLE-3 SGLang checkpoint") from None
@@ -105,8 +109,6 @@ def _config_from_llama(doc: dict, *, where: Path) -> DrafterConfig:
 
 def read_sglang(path: Path) -> Drafter:
     """Load an SGLang-layout export back into an Osprey drafter object (for checks / round trips)."""
-    from osprey_train.models.io import build_drafter
-
     path = Path(path)
     doc = read_json(path / "config.json")
     state = load_tensors(path / WEIGHTS)

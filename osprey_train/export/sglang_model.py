@@ -147,11 +147,12 @@ if SGLANG_AVAILABLE:  # pragma: no cover - needs SGLang + GPU
             self.quant_config = quant_config
             od = dict(config.osprey_drafter)
             self.od = od
-            if od["num_taps"] * od["target_hidden_size"] == od["hidden_size"]:
+            taps_width = len(od["tap_layers"]["layer_ids"]) * od["target_hidden_size"]
+            if taps_width == od["hidden_size"]:
                 raise ValueError("Osprey drafter: num_taps*target_hidden_size equals hidden_size; SGLang's "
                                  "width test cannot tell target taps from the drafter's own hidden state")
             self.model = OspreySGLangBody(od, quant_config, "model")
-            self.w_c = nn.Linear(od["num_taps"] * od["target_hidden_size"], od["hidden_size"], bias=False)
+            self.w_c = nn.Linear(taps_width, od["hidden_size"], bias=False)
             self.lm_head = ParallelLMHead(od["vocab_size"], od["hidden_size"], quant_config=quant_config,
                                           prefix="lm_head")
             self.logits_processor = LogitsProcessor(config)

@@ -27,11 +27,13 @@ from pathlib import Path
 import torch
 
 from osprey_data.errors import CheckpointError, ConfigError
+from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
-                                        save_tensors, t2d_mask, tap_layers, write_folder)
+                                        save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import llama_layer_config
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
+from osprey_train.models.io import build_drafter
 
 __all__ = ["write_vllm", "read_vllm", "SPECULATORS_VERSION"]
 
@@ -50,7 +52,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         raise ConfigError("export: vLLM has no model class for the Osprey drafter (N layers conditioned on the "
                           "target in every layer); use --format sglang (with the shipped external model class) "
                           "or --format hf")
-    target = cfg.target or {}
+    target = cfg.target
     doc = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -59,16 +61,17 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": False,
-        "eagle_aux_hidden_state_layer_ids": tap_layers(cfg).to_vllm(),
+        "eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_vllm(),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": target.get("name_or_path"),
-                         "architectures": _VERIFIER_ARCH.get(target.get("model_type"), [])},
+            "verifier": {"name_or_path": None if target is None else target.name_or_path,
+                         "architectures": [] if target is None else _VERIFIER_ARCH.get(target.model_type, [])},
         },
         "torch_dtype": str(dtype).removeprefix("torch."),
-        "osprey_target": cfg.target,  # provenance: which target (and tokenizer) this drafter serves
+        # provenance: which target (and tokenizer) this drafter serves
+        "osprey_target": None if target is None else target.to_dict(),
     }
     state = {}
     for name, tensor in model.state_dict().items():
@@ -88,14 +91,12 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
 
 def read_vllm(path: Path) -> Drafter:
     """Load a speculators-format EAGLE-3 export back into an Eagle3Drafter."""
-    from osprey_train.models.io import build_drafter
-
     path = Path(path)
     doc = read_json(path / "config.json")
     if doc.get("speculators_model_type") != "eagle3":
         raise CheckpointError(f"{path / 'config.json'}: not a speculators eagle3 checkpoint")
     layer = doc["transformer_layer_config"]
-    ids = doc["eagle_aux_hidden_state_layer_ids"]
+    target = doc.get("osprey_target")
     config = DrafterConfig(
         arch="eagle3", family="llama", num_layers=1, hidden_size=layer["hidden_size"],
         intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
@@ -103,8 +104,8 @@ def read_vllm(path: Path) -> Drafter:
         rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"], rope_scaling=layer.get("rope_scaling"),
         max_position_embeddings=layer["max_position_embeddings"], vocab_size=layer["vocab_size"],
         draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
-        num_taps=len(ids), tap_layers={"layer_ids": list(ids), "convention": "hf_hidden_states"},
-        target=doc.get("osprey_target"),
+        tap_layers=TapLayers.from_vllm(doc["eagle_aux_hidden_state_layer_ids"]),
+        target=None if target is None else TargetIdentity.from_dict(target),
     )
     raw = load_tensors(path / WEIGHTS)
     state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in raw.items() if k != "t2d"}

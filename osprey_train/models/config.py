@@ -5,6 +5,11 @@ The config is what ``config.json`` of a drafter checkpoint holds (see
 (Llama / Qwen2 / Qwen3 decoder layers), the target it serves (vocabulary, hidden size, tap
 layers, identity) and the architecture (``osprey``: N conditioned layers; ``eagle3``: one layer
 reading [embedding; fused taps]).
+
+The target side is typed: ``tap_layers`` is a :class:`~osprey_data.target.TapLayers` (whose
+methods give each engine's tap numbering) and ``target`` a
+:class:`~osprey_data.target.TargetIdentity`; ``num_taps`` is derived from the taps. ``from_dict``
+parses the JSON form and still reads configs written with the former ``num_taps`` key.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from osprey_data.errors import ConfigError
+from osprey_data.target import TapLayers, TargetIdentity
 
 __all__ = ["DrafterConfig", "ARCHS", "FAMILIES", "PRESETS", "ROPE_TYPES"]
 
@@ -61,12 +67,10 @@ class DrafterConfig:
     """LM head rows: == vocab_size for osprey, top-N draft vocabulary for eagle3."""
     target_hidden_size: int = 64
     """Hidden size Dt of the target model's tapped states."""
-    num_taps: int = 3
-    """Number L of tapped target layers concatenated into fuse_taps's input."""
-    tap_layers: dict = field(default_factory=lambda: {"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"})
-    """TapLayers as a dict: {'layer_ids': [...], 'convention': 'hf_hidden_states'}."""
-    target: dict | None = None
-    """TargetIdentity as a dict (name_or_path, model_type, hashes, sizes), or None if unknown."""
+    tap_layers: TapLayers = field(default_factory=lambda: TapLayers(layer_ids=(2, 3, 4)))
+    """Target hidden states concatenated into fuse_taps's input (HF hidden_states numbering)."""
+    target: TargetIdentity | None = None
+    """The target this drafter was converted for (name, hashes, sizes), or None if unknown."""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -75,7 +79,7 @@ class DrafterConfig:
             raise ConfigError(f"drafter family {self.family!r} is not one of {FAMILIES}")
         for name in ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size",
-                     "target_hidden_size", "num_taps", "max_position_embeddings"):
+                     "target_hidden_size", "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"drafter config: {name} must be a positive integer, got {value!r}")
@@ -112,19 +116,19 @@ class DrafterConfig:
                 raise ConfigError(
                     f"drafter config: rope_scaling type {rope_type!r} is not supported; known: {ROPE_TYPES}"
                 )
-        ids = self.tap_layers.get("layer_ids") if isinstance(self.tap_layers, dict) else None
-        if not isinstance(ids, (list, tuple)) or len(ids) != self.num_taps:
-            raise ConfigError(
-                f"drafter config: tap_layers.layer_ids must list num_taps={self.num_taps} layers, "
-                f"got {self.tap_layers!r}"
-            )
-        # Normalise to plain JSON types so that to_dict() round-trips exactly.
-        object.__setattr__(self, "tap_layers", {
-            "layer_ids": [int(i) for i in ids],
-            "convention": str(self.tap_layers.get("convention", "hf_hidden_states")),
-        })
+        if not isinstance(self.tap_layers, TapLayers):
+            raise ConfigError(f"drafter config: tap_layers must be a TapLayers, got {self.tap_layers!r} "
+                              "(DrafterConfig.from_dict parses the JSON form)")
+        if self.target is not None and not isinstance(self.target, TargetIdentity):
+            raise ConfigError(f"drafter config: target must be a TargetIdentity or None, got {self.target!r} "
+                              "(DrafterConfig.from_dict parses the JSON form)")
 
     # ------------------------------------------------------------------ derived
+    @property
+    def num_taps(self) -> int:
+        """Number L of tapped target layers concatenated into fuse_taps's input."""
+        return self.tap_layers.num_taps
+
     @property
     def taps_width(self) -> int:
         """Input width of fuse_taps: num_taps * target_hidden_size."""
@@ -143,16 +147,33 @@ class DrafterConfig:
     # ------------------------------------------------------------------ io
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON dict of every field (what config.json stores, minus format keys)."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["tap_layers"] = self.tap_layers.to_dict()
+        out["target"] = None if self.target is None else self.target.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DrafterConfig":
-        """Build from ``to_dict()`` output; unknown keys raise ConfigError (catches typos)."""
+        """Build from ``to_dict()`` output; unknown keys raise ConfigError (catches typos).
+
+        A ``num_taps`` key (written before it became derived) is accepted when it agrees with
+        ``tap_layers``.
+        """
+        data = dict(data)
         names = {f.name for f in dataclasses.fields(cls)}
+        legacy_num_taps = data.pop("num_taps", None)
         unknown = sorted(set(data) - names)
         if unknown:
             raise ConfigError(f"drafter config: unknown field(s) {unknown}; known: {sorted(names)}")
-        return cls(**data)
+        if "tap_layers" in data:
+            data["tap_layers"] = TapLayers.from_dict(data["tap_layers"])
+        if data.get("target") is not None:
+            data["target"] = TargetIdentity.from_dict(data["target"])
+        config = cls(**data)
+        if legacy_num_taps is not None and legacy_num_taps != config.num_taps:
+            raise ConfigError(f"drafter config: num_taps={legacy_num_taps} disagrees with tap_layers "
+                              f"{list(config.tap_layers.layer_ids)}; fix or drop num_taps")
+        return config
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> "DrafterConfig":
@@ -178,17 +199,17 @@ def _jsonable(value: Any) -> Any:
 
 # Presets: "tiny" matches the tiny test fixtures (d=64 Llama with the 384-token tokenizer and a
 # d=64 target tapped at [2, 3, 4]); the others are the usual shapes for quick experiments.
+_TINY_TAPS = TapLayers(layer_ids=(2, 3, 4))
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(arch="osprey", family="llama", num_layers=2, hidden_size=64, intermediate_size=128,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=384,
-                 draft_vocab_size=384, target_hidden_size=64, num_taps=3,
-                 tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}),
+                 draft_vocab_size=384, target_hidden_size=64, tap_layers=_TINY_TAPS),
     "tiny-qwen3": dict(arch="osprey", family="qwen3", qk_norm=True, num_layers=2, hidden_size=64,
                        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=16, vocab_size=384, draft_vocab_size=384, target_hidden_size=64,
-                       num_taps=3, tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}),
+                       tap_layers=_TINY_TAPS),
     "tiny-eagle3": dict(arch="eagle3", family="llama", num_layers=1, hidden_size=64,
                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=16, vocab_size=384, draft_vocab_size=128, target_hidden_size=64,
-                        num_taps=3, tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}),
+                        tap_layers=_TINY_TAPS),
 }

@@ -12,15 +12,21 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-from osprey_data.errors import CheckpointError
+from osprey_data.errors import CheckpointError, ConfigError
+from osprey_data.schema_check import validate
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
+from osprey_train.models.eagle3 import Eagle3Drafter
+from osprey_train.models.osprey import OspreyDrafter
 
-__all__ = ["save_drafter", "load_drafter", "build_drafter", "read_drafter_config", "DRAFTER_CLASSES",
-           "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
+__all__ = ["save_drafter", "load_drafter", "build_drafter", "read_drafter_config", "write_drafter_folder",
+           "DRAFTER_CLASSES", "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -29,14 +35,7 @@ FORMAT_VERSION = 1
 SCHEMA = "drafter-config.v1.json"
 
 
-def _classes() -> dict[str, type[Drafter]]:
-    from osprey_train.models.eagle3 import Eagle3Drafter
-    from osprey_train.models.osprey import OspreyDrafter
-
-    return {"osprey": OspreyDrafter, "eagle3": Eagle3Drafter}
-
-
-DRAFTER_CLASSES = _classes()
+DRAFTER_CLASSES: dict[str, type[Drafter]] = {"osprey": OspreyDrafter, "eagle3": Eagle3Drafter}
 
 
 def build_drafter(config: DrafterConfig) -> Drafter:
@@ -51,8 +50,6 @@ def config_document(config: DrafterConfig) -> dict:
 
 def read_drafter_config(path: str | Path) -> DrafterConfig:
     """Read and validate ``path``/config.json (or a config.json path)."""
-    from osprey_schemas import validate
-
     path = Path(path)
     file = path / CONFIG_FILE if path.is_dir() else path
     if not file.is_file():
@@ -73,10 +70,6 @@ def read_drafter_config(path: str | Path) -> DrafterConfig:
 
 def save_drafter(model: Drafter, out_dir: str | Path) -> Path:
     """Write ``model.safetensors`` + ``config.json`` into ``out_dir`` (replaced atomically)."""
-    from safetensors.torch import save_file
-
-    from osprey_schemas import validate
-
     out_dir = Path(out_dir)
     doc = config_document(model.config)
     validate(doc, SCHEMA, where=f"{out_dir / CONFIG_FILE} (being written)")
@@ -108,9 +101,6 @@ def save_drafter(model: Drafter, out_dir: str | Path) -> Path:
 def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32) -> Drafter:
     """Load a drafter folder written by :func:`save_drafter`; strict about missing/extra tensors."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(path)
     config = read_drafter_config(path)
     weights = path / WEIGHTS_FILE
@@ -144,3 +134,25 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
             if param is not None and param.is_floating_point():
                 param.data = param.data.to(dtype)
     return model.eval()
+
+
+def write_drafter_folder(model: Any, out: Path, *, tokenizer: Any = None, extra: dict[str, Any] | None = None,
+                         overwrite: bool = False) -> Path:
+    """save_drafter + tokenizer + JSON side files into a temp folder, then rename into place."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_parent = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp = save_drafter(model, tmp_parent / "drafter")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, doc in (extra or {}).items():
+            (tmp / name).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        if out.exists():
+            if not overwrite:
+                raise ConfigError(f"{out} exists; pass --overwrite")
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp_parent, ignore_errors=True)
+    return out

@@ -2,9 +2,9 @@
 
 Steps (``osprey train convert --backbone DIR --target MODEL|--store STORE --out DIR``):
 
-1. target side: identity + tap layers from the store manifest (``--store``) or from the target
-   model (``--target``: ``identify_target`` and ``default_tap_layers`` unless ``--taps``); the
-   target tokenizer from ``--target`` or the store's ``target.name_or_path``;
+1. target side (:mod:`target_side`): identity + tap layers from the store manifest (``--store``)
+   or from the target model (``--target``: ``identify_target`` and ``default_tap_layers`` unless
+   ``--taps``); the target tokenizer from ``--target`` or the store's ``target.name_or_path``;
 2. vocabulary alignment of the embedding and the LM head (``vocab_align.align_vocab``), stats
    written to ``alignment_stats.json``;
 3. the backbone's decoder layers copied 1:1, q/k/v widened with zero-initialised columns that read
@@ -16,20 +16,23 @@ Steps (``osprey train convert --backbone DIR --target MODEL|--store STORE --out 
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from osprey_data.errors import ConfigError, InputError, ManifestMismatchError
+from osprey_data.errors import ConfigError, InputError
+from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
+from osprey_train.models.io import write_drafter_folder
+from osprey_train.models.osprey import OspreyDrafter, init_w_c
+from osprey_train.stages.eagle3_init import Eagle3InitConfig
+from osprey_train.stages.eagle3_init import run as run_eagle3
+from osprey_train.stages.prune import load_source
+from osprey_train.stages.target_side import TargetSide, resolve_target_side
+from osprey_train.stages.vocab_align import align_vocab
 
-__all__ = ["ConvertConfig", "ConvertResult", "run", "convert_backbone", "TargetSide", "resolve_target_side",
-           "write_drafter_folder"]
+__all__ = ["ConvertConfig", "ConvertResult", "run", "convert_backbone"]
 
 STATS_FILE = "alignment_stats.json"
 
@@ -90,86 +93,14 @@ class ConvertResult:
     """alignment_stats.json (osprey) or draft_vocab.json (eagle3) contents."""
 
 
-@dataclass(kw_only=True)
-class TargetSide:
-    """Everything convert needs to know about the target."""
-
-    identity: dict
-    """TargetIdentity as a dict."""
-    taps: dict
-    """TapLayers as a dict."""
-    tokenizer: Any
-    """The target tokenizer."""
-    model: Any | None = None
-    """The loaded target model (only when --target named a model)."""
-
-
-def _load_tokenizer(path: str) -> Any:
-    """A tokenizer from a folder, or from a .gguf file's metadata (without dequantizing weights)."""
-    from transformers import AutoTokenizer
-
-    kwargs = {}
-    if path.endswith(".gguf"):
-        path, kwargs = str(Path(path).parent), {"gguf_file": Path(path).name}
-    try:
-        return AutoTokenizer.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputError(f"cannot load a tokenizer from {path!r}: {exc}") from None
-
-
-def resolve_target_side(*, target: str | None, store: str | None, taps: tuple[int, ...] | None,
-                        need_model: bool = False) -> TargetSide:
-    """Identity, taps and tokenizer of the target from the store manifest and/or the target."""
-    from osprey_data.builder.target import default_tap_layers, identify_target, load_hf_target, tokenizer_hash
-    from osprey_data.store import StoreReader, TapLayers
-
-    if store is not None:
-        header = StoreReader(store).header
-        identity, tap_layers = header.target.to_dict(), header.taps.to_dict()
-        source = target or header.target.name_or_path
-        model = None
-        if need_model:
-            model, tokenizer = load_hf_target(source)
-            mine = identify_target(model, tokenizer, source)
-            if mine.config_hash != header.target.config_hash:
-                raise ManifestMismatchError(
-                    f"target {source!r} is not the model store {store} was built with "
-                    f"(config hash {mine.config_hash[:12]} != {header.target.config_hash[:12]})"
-                )
-        else:
-            # Only the tokenizer matters here (token ids); no need to load a large target.
-            if not Path(source).exists():
-                raise InputError(f"store {store} was built for target {source!r}, which is not a local folder; "
-                                 "pass --target with a local copy of that target (or its tokenizer)")
-            tokenizer = _load_tokenizer(source)
-        if tokenizer_hash(tokenizer) != header.target.tokenizer_hash:
-            raise ManifestMismatchError(
-                f"tokenizer of {source!r} differs from the one store {store} was built with "
-                "(tokenizer hash mismatch); pass --target with the store's target"
-            )
-        return TargetSide(identity=identity, taps=tap_layers, tokenizer=tokenizer, model=model)
-    model, tokenizer = load_hf_target(target)
-    identity = identify_target(model, tokenizer, target)
-    tap_layers = TapLayers(layer_ids=taps) if taps is not None else default_tap_layers(identity.num_layers)
-    for t in tap_layers.layer_ids:
-        if t > identity.num_layers:
-            raise ConfigError(f"convert: tap layer {t} is beyond the target's {identity.num_layers} layers")
-    return TargetSide(identity=identity.to_dict(), taps=tap_layers.to_dict(), tokenizer=tokenizer, model=model)
-
-
 @torch.no_grad()
 def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, seed: int = 0,
                      where: str = "backbone") -> tuple[Any, Any]:
     """(OspreyDrafter, VocabAlignment) for an HF backbone model and a resolved target side."""
-    from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
-    from osprey_train.models.osprey import OspreyDrafter, init_w_c
-    from osprey_train.stages.vocab_align import align_vocab
-
     identity = side.identity
     config = drafter_config_from_hf(
-        backbone.config, where=where, vocab_size=int(identity["vocab_size"]),
-        draft_vocab_size=int(identity["vocab_size"]), target_hidden_size=int(identity["hidden_size"]),
-        num_taps=len(side.taps["layer_ids"]), tap_layers=side.taps, target=identity,
+        backbone.config, where=where, vocab_size=identity.vocab_size, draft_vocab_size=identity.vocab_size,
+        target_hidden_size=identity.hidden_size, tap_layers=side.taps, target=identity,
     )
     embed_VsD = backbone.get_input_embeddings().weight.detach().float()
     head = backbone.get_output_embeddings()
@@ -194,33 +125,7 @@ def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, 
     return drafter.eval(), alignment
 
 
-def write_drafter_folder(model: Any, out: Path, *, tokenizer: Any = None, extra: dict[str, Any] | None = None,
-                         overwrite: bool = False) -> Path:
-    """save_drafter + tokenizer + JSON side files into a temp folder, then rename into place."""
-    from osprey_train.models.io import save_drafter
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_parent = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp = save_drafter(model, tmp_parent / "drafter")
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        for name, doc in (extra or {}).items():
-            (tmp / name).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            if not overwrite:
-                raise ConfigError(f"{out} exists; pass --overwrite")
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp_parent, ignore_errors=True)
-    return out
-
-
 def _run_osprey(config: ConvertConfig) -> ConvertResult:
-    from osprey_train.stages.prune import load_source
-
     if not (config.backbone / "config.json").is_file():
         raise InputError(f"convert: --backbone {config.backbone} has no config.json; pass the HF folder "
                          "written by `osprey train prune` / `osprey train pretrain`")
@@ -229,7 +134,7 @@ def _run_osprey(config: ConvertConfig) -> ConvertResult:
     drafter, alignment = convert_backbone(backbone, source_tokenizer, side, seed=config.seed,
                                           where=str(config.backbone))
     stats = {**alignment.stats(), "backbone": str(config.backbone),
-             "target": side.identity["name_or_path"], "tap_layers": side.taps}
+             "target": side.identity.name_or_path, "tap_layers": side.taps.to_dict()}
     write_drafter_folder(drafter, config.out, tokenizer=side.tokenizer, extra={STATS_FILE: stats},
                          overwrite=config.overwrite)
     return ConvertResult(out=config.out, stats=stats)
@@ -238,8 +143,6 @@ def _run_osprey(config: ConvertConfig) -> ConvertResult:
 def run(config: ConvertConfig) -> ConvertResult:
     """Convert a backbone into an Osprey drafter, or initialise an EAGLE-3 baseline."""
     if config.arch == "eagle3":
-        from osprey_train.stages.eagle3_init import Eagle3InitConfig, run as run_eagle3
-
         result = run_eagle3(Eagle3InitConfig(target=config.target, store=config.store, out=config.out,
                                              draft_vocab_size=config.draft_vocab_size, seed=config.seed,
                                              overwrite=config.overwrite))

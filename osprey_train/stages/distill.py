@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from osprey_data.errors import ConfigError, ModelError
+from osprey_data.target import check_compatible
 
-__all__ = ["DistillConfig", "DistillModel", "DistillTask", "run", "check_compatible"]
+__all__ = ["DistillConfig", "DistillModel", "DistillTask", "run"]
 
 _ATTN = ("auto", "flex", "sdpa", "eager")
 
@@ -111,29 +112,6 @@ class DistillConfig:
                               "create one with `osprey train convert`")
 
 
-def check_compatible(config, header, where: str) -> None:
-    """The drafter was converted for the store's target: taps, hidden size, vocab, identity."""
-    problems = []
-    tgt = header.target
-    if config.vocab_size != tgt.vocab_size:
-        problems.append(f"vocab_size drafter {config.vocab_size} vs target {tgt.vocab_size}")
-    if config.target_hidden_size != tgt.hidden_size:
-        problems.append(f"target_hidden_size drafter {config.target_hidden_size} vs store {tgt.hidden_size}")
-    store_taps = list(header.taps.layer_ids)
-    if config.num_taps != len(store_taps):
-        problems.append(f"num_taps drafter {config.num_taps} vs store {len(store_taps)}")
-    drafter_taps = (config.tap_layers or {}).get("layer_ids")
-    if drafter_taps is not None and list(drafter_taps) != store_taps:
-        problems.append(f"tap layers drafter {list(drafter_taps)} vs store {store_taps}")
-    ident = config.target or {}
-    for key in ("config_hash", "tokenizer_hash"):
-        if ident.get(key) and ident[key] != getattr(tgt, key):
-            problems.append(f"target {key} drafter {ident[key]} vs store {getattr(tgt, key)}")
-    if problems:
-        raise ModelError(f"{where}: the drafter does not match this store's target ({'; '.join(problems)}); "
-                         "convert the drafter for this target or use a store built from it")
-
-
 class DistillModel(nn.Module):
     """The drafter plus its TTT forward: ``forward(batch) -> (loss, metrics)``."""
 
@@ -180,7 +158,8 @@ class DistillTask:
         self.cfg = cfg
         self.reader = StoreReader(cfg.store)
         self.drafter_config = read_drafter_config(cfg.drafter)
-        check_compatible(self.drafter_config, self.reader.header, f"distill --store {cfg.store}")
+        check_compatible(self.drafter_config, self.reader.header.target, taps=self.reader.header.taps,
+                         where=f"distill --store {cfg.store}")
         if cfg.target_dist == "full" and not self.reader.header.has_final_hidden:
             raise ConfigError(f"distill: --target-dist full needs a store built with final_hidden; "
                               f"{cfg.store} has none (use tail or renorm, or rebuild with final hidden)")
@@ -200,7 +179,8 @@ class DistillTask:
         self.eval_reader = None
         if cfg.eval_store:
             self.eval_reader = StoreReader(cfg.eval_store)
-            check_compatible(self.drafter_config, self.eval_reader.header, f"distill --eval-store {cfg.eval_store}")
+            check_compatible(self.drafter_config, self.eval_reader.header.target, taps=self.eval_reader.header.taps,
+                             where=f"distill --eval-store {cfg.eval_store}")
 
     # -- TrainTask --
     def build_model(self) -> nn.Module:

@@ -21,6 +21,13 @@ import numpy as np
 import torch
 
 from osprey_data.errors import ConfigError, StoreError
+from osprey_data.store import StoreReader
+from osprey_data.target import TapLayers, TargetIdentity
+from osprey_train.models.config import DrafterConfig
+from osprey_train.models.eagle3 import Eagle3Drafter
+from osprey_train.models.hf import hf_rope
+from osprey_train.models.io import write_drafter_folder
+from osprey_train.stages.target_side import resolve_target_side
 
 __all__ = ["Eagle3InitConfig", "Eagle3InitResult", "run", "loss_masked_token_counts", "select_draft_vocab",
            "init_eagle3"]
@@ -63,8 +70,6 @@ class Eagle3InitResult:
 
 def loss_masked_token_counts(store: str, vocab_size: int) -> np.ndarray:
     """(V,) int64 counts of target token ids at loss-masked positions over the whole store."""
-    from osprey_data.store import StoreReader
-
     table = StoreReader(store).table(columns=["token_ids", "loss_mask"])
     counts = np.zeros(vocab_size, dtype=np.int64)
     ids_col, mask_col = table.column("token_ids"), table.column("loss_mask")
@@ -90,15 +95,12 @@ def select_draft_vocab(counts_V: np.ndarray, size: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def init_eagle3(target_model: Any, identity: dict, taps: dict, draft_ids: np.ndarray, *, seed: int = 0) -> Any:
+def init_eagle3(target_model: Any, identity: TargetIdentity, taps: TapLayers, draft_ids: np.ndarray, *,
+                seed: int = 0) -> Eagle3Drafter:
     """A randomly initialised Eagle3Drafter shaped like ``target_model`` with its embedding."""
-    from osprey_train.models.config import DrafterConfig
-    from osprey_train.models.eagle3 import Eagle3Drafter
-    from osprey_train.models.hf import hf_rope
-
     cfg = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") \
         else target_model.config
-    theta, scaling = hf_rope(cfg, where=str(identity.get("name_or_path")))
+    theta, scaling = hf_rope(cfg, where=identity.name_or_path)
     heads = cfg.num_attention_heads
     embed = target_model.get_input_embeddings().weight
     config = DrafterConfig(
@@ -107,9 +109,9 @@ def init_eagle3(target_model: Any, identity: dict, taps: dict, draft_ids: np.nda
         num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         rms_norm_eps=float(cfg.rms_norm_eps), rope_theta=theta, rope_scaling=scaling,
-        max_position_embeddings=cfg.max_position_embeddings, vocab_size=int(identity["vocab_size"]),
-        draft_vocab_size=int(draft_ids.shape[0]), target_hidden_size=int(identity["hidden_size"]),
-        num_taps=len(taps["layer_ids"]), tap_layers=taps, target=identity,
+        max_position_embeddings=cfg.max_position_embeddings, vocab_size=identity.vocab_size,
+        draft_vocab_size=int(draft_ids.shape[0]), target_hidden_size=identity.hidden_size,
+        tap_layers=taps, target=identity,
     )
     rng = torch.random.get_rng_state()
     try:
@@ -127,12 +129,10 @@ def init_eagle3(target_model: Any, identity: dict, taps: dict, draft_ids: np.nda
 
 def run(config: Eagle3InitConfig) -> Eagle3InitResult:
     """Build the EAGLE-3 baseline drafter for the store's target and write it to ``config.out``."""
-    from osprey_train.stages.convert import resolve_target_side, write_drafter_folder
-
     if config.out.exists() and not config.overwrite:
         raise ConfigError(f"convert: output folder {config.out} exists; pass --overwrite or choose another --out")
     side = resolve_target_side(target=config.target, store=config.store, taps=None, need_model=True)
-    vocab = int(side.identity["vocab_size"])
+    vocab = side.identity.vocab_size
     counts = loss_masked_token_counts(config.store, vocab)
     draft_ids = select_draft_vocab(counts, config.draft_vocab_size)
     model = init_eagle3(side.model, side.identity, side.taps, draft_ids, seed=config.seed)
@@ -141,7 +141,7 @@ def run(config: Eagle3InitConfig) -> Eagle3InitResult:
         "draft_vocab_size": int(draft_ids.shape[0]), "target_vocab_size": vocab,
         "loss_masked_tokens": total, "distinct_loss_masked_tokens": int((counts > 0).sum()),
         "coverage": round(float(counts[draft_ids].sum()) / total, 6) if total else 0.0,
-        "store": str(config.store), "tap_layers": side.taps,
+        "store": str(config.store), "tap_layers": side.taps.to_dict(),
     }
     write_drafter_folder(model, config.out, tokenizer=side.tokenizer, extra={VOCAB_FILE: stats},
                          overwrite=config.overwrite)

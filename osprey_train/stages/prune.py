@@ -65,7 +65,7 @@ class PruneResult:
 
 def load_source(name_or_path: str, *, gguf_file: str | None = None) -> tuple[Any, Any]:
     """Load a source/target model + tokenizer through the builder's loader (folder, GGUF, hub id)."""
-    from osprey_data.builder.target import load_hf_target
+    from osprey_data.target import load_hf_target
 
     return load_hf_target(name_or_path, gguf_file=gguf_file, device="cpu")
 

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from osprey_data.errors import CheckpointError
+from osprey_data.schema_check import validate
 from osprey_train.trainer.distributed import DistContext, barrier, unwrap_model
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
@@ -222,8 +223,6 @@ def latest_checkpoint(root: Path) -> Path | None:
 def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], ctx: DistContext, *, keep: int = 0) -> Path:
     """Write ``root/step-<step>`` atomically; collective (call on every rank). Returns the path."""
-    import osprey_schemas
-
     root = Path(root)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
@@ -246,7 +245,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
                     "files": {"model": "model.safetensors", "optimizer_tensors": "optimizer.safetensors",
                               "optimizer_meta": "optimizer.json",
                               "rng": [f"rng/rank-{r}.json" for r in range(ctx.world_size)]}})
-        osprey_schemas.validate(doc, TRAINER_STATE_SCHEMA, where=str(final / "trainer_state.json"))
+        validate(doc, TRAINER_STATE_SCHEMA, where=str(final / "trainer_state.json"))
     barrier(ctx)   # every rank's RNG file is in place before the folder becomes visible
     if ctx.is_main:
         (tmp / "trainer_state.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
@@ -262,14 +261,12 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """Parse and validate ``path/trainer_state.json``."""
-    import osprey_schemas
-
     state_file = Path(path) / "trainer_state.json"
     try:
         doc = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{state_file}: cannot read trainer state ({exc}); delete this checkpoint folder") from exc
-    osprey_schemas.validate(doc, TRAINER_STATE_SCHEMA, where=str(state_file))
+    validate(doc, TRAINER_STATE_SCHEMA, where=str(state_file))
     return doc
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from osprey_data.builder.config import BuildConfig
-    from osprey_data.store import TargetIdentity
+    from osprey_data.target import TargetIdentity
 
 __all__ = [
     "GenerationRequest", "GenerationResult", "SequenceFeatures", "SamplingParams", "TargetBackend",

@@ -25,9 +25,9 @@ import torch
 from osprey_data.builder.backends.base import (
     GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend,
 )
-from osprey_data.builder.chat_template import stop_token_ids
-from osprey_data.builder.target import identify_target, load_hf_target, resolve_device, text_config
+from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import ConfigError, ModelError
+from osprey_data.target import identify_target, load_hf_target, resolve_device, text_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig

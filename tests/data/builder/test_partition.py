@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from osprey_data.builder.dialogue import combine_finish_reasons, plan_dialogue
-from osprey_data.builder.inputs import InputSample
 from osprey_data.builder.partition import belongs_to, worker_of
+from osprey_data.conversation.inputs import InputSample
 from osprey_data.errors import InputError
 
 

@@ -16,10 +16,10 @@ import torch
 
 from osprey_data.builder import BuildConfig, run
 from osprey_data.builder.backends import hf as hf_module
-from osprey_data.builder.chat_template import ChatRenderer, stop_token_ids
+from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError
 from osprey_data.store import StoreReader, merge_store, validate_store
-from tests.data.builder.conftest import PROMPTS, write_jsonl
+from tests.data.conftest import PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[3]
 

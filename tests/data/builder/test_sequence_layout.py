@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from osprey_data.builder import BuildConfig, run
-from osprey_data.builder.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.builder.runner import BUILDER_VERSION, SEQUENCE_LAYOUT
+from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.errors import ManifestMismatchError
 from osprey_data.store import StoreReader, validate_store
-from tests.data.builder.conftest import PROMPTS, write_jsonl
+from tests.data.conftest import PROMPTS, write_jsonl
 
 
 def _config(model_dir, inputs, out, **kw) -> BuildConfig:

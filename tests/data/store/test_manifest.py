@@ -7,9 +7,9 @@ import json
 import pytest
 
 from osprey_data.errors import ConfigError, SchemaError
-from osprey_data.store import Manifest, ShardInfo, StoreHeader, TapLayers
+from osprey_data.schema_check import validate
+from osprey_data.store import Manifest, ShardInfo, StoreHeader
 from osprey_data.store.manifest import header_differences, parse_manifest
-from osprey_schemas import validate
 from tests.data.store.helpers import make_header
 
 
@@ -41,18 +41,6 @@ def test_schema_rejects_bad_manifests(mutate, match):
     mutate(d)
     with pytest.raises(SchemaError, match=match):
         parse_manifest(json.dumps(d).encode(), where="x/manifest.json")
-
-
-def test_tap_conventions():
-    taps = TapLayers(layer_ids=(2, 15, 27))
-    assert taps.to_vllm() == [2, 15, 27]  # vLLM captures the input of layer idx
-    assert taps.to_sglang() == [1, 14, 26]  # SGLang adds 1 to explicit ids
-    with pytest.raises(ConfigError, match="embedding"):
-        TapLayers(layer_ids=(0, 3)).to_sglang()
-    with pytest.raises(ConfigError):
-        TapLayers(layer_ids=())
-    with pytest.raises(ConfigError):
-        TapLayers(layer_ids=(1,), convention="vllm")
 
 
 def test_header_checks_and_differences():

@@ -49,8 +49,7 @@ def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_voca
     if store is not None:
         from osprey_data.store import StoreReader
 
-        over["tap_layers"] = {"layer_ids": list(StoreReader(str(store)).header.taps.layer_ids),
-                              "convention": "hf_hidden_states"}
+        over["tap_layers"] = StoreReader(str(store)).header.taps
     model = build_drafter(DrafterConfig.from_name(preset, **over))
     model.reset_parameters()
     with torch.no_grad():  # non-zero extra QKV columns: the condition matters from step 0

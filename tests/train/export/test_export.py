@@ -9,20 +9,20 @@ import torch
 from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError
+from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.export import ExportConfig, load_export, run
 from osprey_train.export.sglang_model import map_weight_name
 from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, save_drafter
 
-TARGET = {"name_or_path": "/models/target", "model_type": "llama", "config_hash": "c", "tokenizer_hash": "t",
-          "vocab_size": 384, "hidden_size": 64, "num_layers": 6, "dtype": "float32"}
+TARGET = TargetIdentity(name_or_path="/models/target", model_type="llama", config_hash="c", tokenizer_hash="t",
+                        vocab_size=384, hidden_size=64, num_layers=6, dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def drafters(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
-    e3 = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET,
-                                               tap_layers={"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}))
+    e3 = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, tap_layers=TapLayers(layer_ids=(2, 3, 4))))
     e3.set_draft_vocab(torch.arange(5, 384, 2)[:128])
     osp = OspreyDrafter(DrafterConfig.from_name("tiny-qwen3", target=TARGET, target_hidden_size=32))
     save_drafter(e3, root / "eagle3")

@@ -44,7 +44,7 @@ def _hf_model(family: str, rope: dict | None = None, max_pos: int = 64):
 
 def _drafter_from_hf(model):
     config = drafter_config_from_hf(model.config, where="test", vocab_size=97, draft_vocab_size=97,
-                                    target_hidden_size=16, num_taps=3)
+                                    target_hidden_size=16)
     drafter = OspreyDrafter(config).eval()
     state = model.state_dict()
     with torch.no_grad():

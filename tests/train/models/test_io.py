@@ -7,17 +7,18 @@ import json
 import pytest
 import torch
 
-from osprey_data.errors import CheckpointError, SchemaError
+from osprey_data.errors import CheckpointError, ConfigError, SchemaError
+from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.models import (CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, load_drafter,
                                  save_drafter)
 
 
 def _model(preset):
     torch.manual_seed(0)
-    config = DrafterConfig.from_name(preset, target={"name_or_path": "t", "model_type": "llama",
-                                                     "config_hash": "c", "tokenizer_hash": "h",
-                                                     "vocab_size": 384, "hidden_size": 64,
-                                                     "num_layers": 6, "dtype": "float32"})
+    config = DrafterConfig.from_name(preset, target=TargetIdentity(name_or_path="t", model_type="llama",
+                                                                   config_hash="c", tokenizer_hash="h",
+                                                                   vocab_size=384, hidden_size=64,
+                                                                   num_layers=6, dtype="float32"))
     model = (Eagle3Drafter if config.arch == "eagle3" else OspreyDrafter)(config).eval()
     if config.arch == "eagle3":
         model.set_draft_vocab(torch.arange(0, 384, 3)[:128])
@@ -84,3 +85,31 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
         load_drafter(out)
     with pytest.raises(CheckpointError, match="no drafter config"):
         load_drafter(tmp_path / "nowhere")
+
+
+def test_config_json_holds_typed_taps_and_target_and_reads_the_old_form(tmp_path):
+    """tap_layers and target are typed in memory and plain JSON on disk; num_taps is derived."""
+    model = _model("tiny")
+    out = save_drafter(model, tmp_path / "c")
+    doc = json.loads((out / "config.json").read_text())
+    assert doc["tap_layers"] == {"layer_ids": [2, 3, 4], "convention": "hf_hidden_states"}
+    assert doc["target"]["tokenizer_hash"] == "h" and "num_taps" not in doc
+    config = load_drafter(out).config
+    assert isinstance(config.tap_layers, TapLayers) and isinstance(config.target, TargetIdentity)
+    assert config.num_taps == 3
+    # A config written before num_taps became derived still loads when it agrees ...
+    (out / "config.json").write_text(json.dumps({**doc, "num_taps": 3}))
+    assert load_drafter(out).config == config
+    # ... and says what to fix when it does not.
+    (out / "config.json").write_text(json.dumps({**doc, "num_taps": 2}))
+    with pytest.raises(ConfigError, match="num_taps=2 disagrees"):
+        load_drafter(out)
+    partial = {k: v for k, v in doc["target"].items() if k != "dtype"}
+    (out / "config.json").write_text(json.dumps({**doc, "target": partial}))
+    with pytest.raises(SchemaError, match="target"):
+        load_drafter(out)
+
+
+def test_config_refuses_untyped_taps():
+    with pytest.raises(ConfigError, match="TapLayers"):
+        DrafterConfig.from_name("tiny", tap_layers={"layer_ids": [2, 3, 4]})

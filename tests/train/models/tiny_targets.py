@@ -34,8 +34,8 @@ def make_fake_store(out: Path, target_dir: Path, *, taps=(1, 3, 4), num_samples:
     """Write a store for the target at ``target_dir`` with random features (real StoreWriter)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from osprey_data.builder.target import chat_template_hash, identify_target
-    from osprey_data.store import SampleRecord, StoreHeader, StoreWriter, TapLayers
+    from osprey_data.store import SampleRecord, StoreHeader, StoreWriter
+    from osprey_data.target import TapLayers, chat_template_hash, identify_target
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     tok = AutoTokenizer.from_pretrained(target_dir)

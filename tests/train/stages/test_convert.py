@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, ManifestMismatchError
+from osprey_data.target import TapLayers
 from osprey_train.models import CausalAttention, OspreyDrafter, load_drafter
 from osprey_train.stages.convert import ConvertConfig, run
 from tests.helpers.tiny import make_tiny_llama
@@ -76,8 +77,8 @@ def test_converted_rows_and_config(pair, converted):
     drafter = load_drafter(converted.out)
     cfg = drafter.config
     assert cfg.vocab_size == 320 and cfg.target_hidden_size == 48 and cfg.hidden_size == 64
-    assert cfg.tap_layers == {"layer_ids": [2, 3, 3], "convention": "hf_hidden_states"}  # default taps, L=6
-    assert cfg.target["name_or_path"] == str(target_dir)
+    assert cfg.tap_layers == TapLayers(layer_ids=(2, 3, 3))  # default taps, L=6
+    assert cfg.target.name_or_path == str(target_dir)
     assert all(float(b.detach().abs().max()) == 0.0 for b in drafter.extra_column_blocks())
     assert float(drafter.w_c.weight.detach().abs().max()) > 0
     stats = json.loads((converted.out / "alignment_stats.json").read_text())
@@ -138,10 +139,10 @@ def test_convert_from_store_takes_identity_and_taps(pair, tmp_path, tiny_tokeniz
     # --target is only the tokenizer folder here (the store holds the identity)
     result = run(ConvertConfig(backbone=backbone, store=str(store), target=str(root / "tok"), out=tmp_path / "d"))
     cfg = load_drafter(result.out).config
-    assert cfg.tap_layers["layer_ids"] == [1, 3, 4] and cfg.num_taps == 3
+    assert cfg.tap_layers.layer_ids == (1, 3, 4) and cfg.num_taps == 3
     from osprey_data.store import StoreReader
 
-    assert cfg.target == StoreReader(str(store)).header.target.to_dict()
+    assert cfg.target == StoreReader(str(store)).header.target
     # the wrong tokenizer for this store is refused
     with pytest.raises(ManifestMismatchError, match="tokenizer"):
         run(ConvertConfig(backbone=backbone, store=str(store), target=str(tiny_tokenizer_dir), out=tmp_path / "e"))
@@ -168,7 +169,7 @@ def test_cli_convert(pair, tmp_path):
                               "--taps", "1,2,5", "--out", str(tmp_path / "d")])
     assert res.exit_code == 0, res.output
     assert "exact=" in res.output
-    assert load_drafter(tmp_path / "d").config.tap_layers["layer_ids"] == [1, 2, 5]
+    assert load_drafter(tmp_path / "d").config.tap_layers.layer_ids == (1, 2, 5)
     res = runner.invoke(cli, ["train", "convert", "--backbone", str(tmp_path / "nope"), "--target", str(target),
                               "--out", str(tmp_path / "e")])
     assert res.exit_code == 2 and "config.json" in res.output

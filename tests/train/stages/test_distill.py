@@ -116,11 +116,11 @@ def test_config_and_compatibility_errors(tmp_path, builder_store, greedy_setup):
         _cfg(tmp_path, tmp_path, builder_store)
     with pytest.raises(ConfigError, match="final_hidden"):
         run(_cfg(tmp_path, drafter, greedy_setup, target_dist="full"))
+    from osprey_data.target import TapLayers
     from osprey_train.models import DrafterConfig, save_drafter
     from osprey_train.models.io import build_drafter
 
-    other = build_drafter(DrafterConfig.from_name("tiny", tap_layers={"layer_ids": [1, 2, 4],
-                                                                      "convention": "hf_hidden_states"}))
+    other = build_drafter(DrafterConfig.from_name("tiny", tap_layers=TapLayers(layer_ids=(1, 2, 4))))
     save_drafter(other, tmp_path / "other")
     with pytest.raises(ModelError, match="tap layers"):
         run(_cfg(tmp_path, tmp_path / "other", builder_store))

@@ -48,7 +48,7 @@ def test_eagle3_init_end_to_end(store, tiny_llama_dir, tmp_path):
     model = load_drafter(result.out)
     assert isinstance(model, Eagle3Drafter)
     cfg = model.config
-    assert cfg.draft_vocab_size == 64 and cfg.vocab_size == 384 and cfg.tap_layers["layer_ids"] == [2, 3, 4]
+    assert cfg.draft_vocab_size == 64 and cfg.vocab_size == 384 and cfg.tap_layers.layer_ids == (2, 3, 4)
     target = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     assert torch.equal(model.embed_tokens.weight, target.model.embed_tokens.weight)
     assert not model.embed_tokens.weight.requires_grad

@@ -6,19 +6,8 @@ import shutil
 
 import pytest
 
-from osprey_data.builder.target import (
-    _split_gguf, chat_template_hash, default_tap_layers, identify_target, load_hf_target,
-)
-from osprey_data.errors import ConfigError, InputError
-
-
-def test_default_tap_layers():
-    assert default_tap_layers(30).layer_ids == (2, 15, 27)
-    assert default_tap_layers(32).layer_ids == (2, 16, 29)
-    assert default_tap_layers(6).layer_ids == (2, 3, 3)
-    assert default_tap_layers(30).convention == "hf_hidden_states"
-    with pytest.raises(ConfigError, match="--layers"):
-        default_tap_layers(4)
+from osprey_data.errors import InputError
+from osprey_data.target import chat_template_hash, identify_target, load_hf_target, split_gguf
 
 
 def test_identity_is_stable_across_copies_and_distinguishes_models(tiny_llama_dir, tiny_qwen3_dir, tmp_path):
@@ -48,6 +37,6 @@ def test_missing_targets_are_input_errors(tmp_path, tiny_llama_dir):
 
 
 def test_gguf_path_forms():
-    assert _split_gguf("/m/model.Q4.gguf", None) == ("/m", "model.Q4.gguf")
-    assert _split_gguf("/m", "model.gguf") == ("/m", "model.gguf")
-    assert _split_gguf("/m", None) == ("/m", None)
+    assert split_gguf("/m/model.Q4.gguf", None) == ("/m", "model.Q4.gguf")
+    assert split_gguf("/m", "model.gguf") == ("/m", "model.gguf")
+    assert split_gguf("/m", None) == ("/m", None)

@@ -1,4 +1,4 @@
-"""Reading builder inputs: JSONL / JSON / Parquet files and saved ``datasets`` folders.
+"""Reading conversation files: JSONL / JSON / Parquet files and saved ``datasets`` folders.
 
 Every record becomes an :class:`InputSample` with a normalized conversation
 (``[{"role", "content"}]``). Accepted record shapes, checked in this order:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osprey_data.builder.chat_template import ChatRenderer, stop_token_ids
+from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.errors import InputError, ModelError
 
 CONV = [

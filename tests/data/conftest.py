@@ -1,4 +1,4 @@
-"""Fixtures of the builder tests: Llama-3 / Qwen3 template tokenizers and small input files."""
+"""Fixtures of the data tests: Llama-3 / Qwen3 template tokenizers and small conversation files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.data.builder.templates import make_llama3_tokenizer, make_qwen3_tokenizer
+from tests.data.templates import make_llama3_tokenizer, make_qwen3_tokenizer
 
 
 @pytest.fixture(scope="session")

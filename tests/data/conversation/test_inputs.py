@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from osprey_data.builder.inputs import iter_inputs, stable_id
+from osprey_data.conversation.inputs import iter_inputs, stable_id
 from osprey_data.errors import InputError
-from tests.data.builder.conftest import write_jsonl
+from tests.data.conftest import write_jsonl
 
 CONV = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 

@@ -1,0 +1,25 @@
+"""The target model: its identity, the layers tapped from it, loading it, and drafter compatibility.
+
+Everything about the model a drafter serves lives here, below both the builder (which runs the
+target) and the trainer (which converts, distills, evaluates and exports drafters for it)::
+
+    TargetIdentity, identify_target      which target, by config and tokenizer hash
+    TapLayers, default_tap_layers        tapped hidden states, with the SGLang / vLLM numbering
+    load_hf_target, resolve_device       loading with transformers, device choice
+    check_compatible                     a drafter against a store's or a live target
+"""
+
+from __future__ import annotations
+
+from osprey_data.target.compat import DrafterTargetSpec, check_compatible
+from osprey_data.target.identity import (TargetIdentity, chat_template_hash, config_hash, identify_target,
+                                         text_config, tokenizer_hash)
+from osprey_data.target.loading import load_hf_target, resolve_device, split_gguf
+from osprey_data.target.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers
+
+__all__ = [
+    "TargetIdentity", "identify_target", "config_hash", "tokenizer_hash", "chat_template_hash", "text_config",
+    "TapLayers", "TAP_CONVENTIONS", "default_tap_layers",
+    "load_hf_target", "resolve_device", "split_gguf",
+    "check_compatible", "DrafterTargetSpec",
+]

@@ -1,0 +1,70 @@
+"""The one check that a drafter may run on a target's features: a store's or a live target's.
+
+A drafter is converted for one target: its embedding and LM head index that target's vocabulary,
+its fc / W_c reads ``num_taps`` states of width Dt, and it was trained on states tapped at fixed
+layers. :func:`check_compatible` compares the drafter's view of its target with a target
+identity — the header of a store it is about to train or be evaluated on, or the identity of a
+target loaded for live decoding — and raises one :class:`ModelError` listing every difference.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from osprey_data.errors import ModelError
+from osprey_data.target.identity import TargetIdentity
+from osprey_data.target.taps import TapLayers
+
+__all__ = ["check_compatible", "DrafterTargetSpec"]
+
+# Identity fields that name the exact target; sizes are checked separately above them.
+_IDENTITY_HASHES = ("config_hash", "tokenizer_hash")
+
+
+class DrafterTargetSpec(Protocol):
+    """What a drafter config says about the target it serves (``DrafterConfig`` satisfies it)."""
+
+    vocab_size: int
+    target_hidden_size: int
+    tap_layers: TapLayers
+    target: TargetIdentity | None
+
+
+def check_compatible(drafter: DrafterTargetSpec, target: TargetIdentity, *, where: str,
+                     taps: TapLayers | None = None, check_identity: bool = True,
+                     hint: str = "convert the drafter for this target or use a store built from it") -> None:
+    """Raise when ``drafter`` cannot run on features of ``target``.
+
+    Args:
+        drafter: the drafter's config (sizes, taps and the identity it was converted for).
+        target: the identity of the store's or the live target.
+        where: what is being checked, quoted first in the error (command, folder, store).
+        taps: the taps the features were captured at (a store's header): must equal the
+            drafter's. Without them (a live target) the drafter's taps must exist in the target.
+        check_identity: also require the drafter's recorded config and tokenizer hashes to match.
+        hint: what the user should do, appended to the error.
+
+    Raises:
+        ModelError: naming every difference found.
+    """
+    problems = []
+    if drafter.vocab_size != target.vocab_size:
+        problems.append(f"vocab_size drafter {drafter.vocab_size} vs target {target.vocab_size}")
+    if drafter.target_hidden_size != target.hidden_size:
+        problems.append(f"target_hidden_size drafter {drafter.target_hidden_size} vs target {target.hidden_size}")
+    mine = list(drafter.tap_layers.layer_ids)
+    if taps is not None:
+        if drafter.tap_layers.num_taps != taps.num_taps:
+            problems.append(f"num_taps drafter {drafter.tap_layers.num_taps} vs store {taps.num_taps}")
+        if mine != list(taps.layer_ids) or drafter.tap_layers.convention != taps.convention:
+            problems.append(f"tap layers drafter {mine} vs store {list(taps.layer_ids)}")
+    outside = [i for i in mine if not 0 <= i <= target.num_layers]
+    if outside:
+        problems.append(f"tap layers {outside} outside the target's 0..{target.num_layers}")
+    if check_identity and drafter.target is not None:
+        for key in _IDENTITY_HASHES:
+            ours, theirs = getattr(drafter.target, key), getattr(target, key)
+            if ours and ours != theirs:
+                problems.append(f"target {key} drafter {ours[:12]} vs {theirs[:12]}")
+    if problems:
+        raise ModelError(f"{where}: the drafter was converted for another target ({'; '.join(problems)}); {hint}")

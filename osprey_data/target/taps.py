@@ -1,0 +1,111 @@
+"""Which target hidden states a drafter reads, and how each serving engine numbers them.
+
+Osprey numbers taps in the HF ``output_hidden_states`` convention: index 0 is the embedding
+output, index i (>= 1) the output of decoder layer i-1, i.e. the residual stream entering layer i.
+The engines number the same states differently, and :class:`TapLayers` converts both ways:
+
+=====================  ========================================  ==========================
+engine                 what its id j means                       id for our tap i
+=====================  ========================================  ==========================
+HF ``hidden_states``   ``hidden_states[j]``                      i
+SGLang aux layer ids   output of decoder layer j                 i - 1
+vLLM aux layer ids     ``hidden + residual`` entering layer j    i
+=====================  ========================================  ==========================
+
+SGLang's ``set_eagle3_layers_to_capture`` adds 1 to explicit ids and captures the residual
+stream entering that layer, hence the minus one; vLLM captures before running layer j, which is
+``hidden_states[j]`` already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from osprey_data.errors import ConfigError
+
+__all__ = ["TapLayers", "TAP_CONVENTIONS", "default_tap_layers"]
+
+TAP_CONVENTIONS = ("hf_hidden_states",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapLayers:
+    """Which target hidden states are tapped, with the indexing convention stated."""
+
+    layer_ids: tuple[int, ...]
+    """Tapped ``hidden_states`` indices, in the order their states are concatenated."""
+    convention: str = "hf_hidden_states"
+    """How ``layer_ids`` count; only ``hf_hidden_states`` (see the module docstring)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
+        if not self.layer_ids:
+            raise ConfigError("TapLayers.layer_ids must name at least one layer")
+        if any(i < 0 for i in self.layer_ids):
+            raise ConfigError(f"TapLayers.layer_ids must be >= 0, got {list(self.layer_ids)}")
+        if self.convention not in TAP_CONVENTIONS:
+            raise ConfigError(
+                f"TapLayers.convention {self.convention!r} is unknown; use one of {TAP_CONVENTIONS}"
+            )
+
+    @property
+    def num_taps(self) -> int:
+        """How many states are concatenated (the drafter's fc / W_c reads num_taps * Dt)."""
+        return len(self.layer_ids)
+
+    # --- engine conventions ------------------------------------------------------------------
+
+    def to_sglang(self) -> list[int]:
+        """Ids for SGLang's draft config ``eagle_aux_hidden_state_layer_ids`` (ours minus one).
+
+        Raises:
+            ConfigError: tap 0 (the embedding output) has no SGLang id.
+        """
+        if 0 in self.layer_ids:
+            raise ConfigError(
+                "tap 0 (embedding output) cannot be expressed in SGLang's aux-layer ids "
+                "(they name decoder-layer outputs); choose taps >= 1"
+            )
+        return [i - 1 for i in self.layer_ids]
+
+    @classmethod
+    def from_sglang(cls, ids: Sequence[int]) -> TapLayers:
+        """Inverse of :meth:`to_sglang`: SGLang aux-layer ids to our taps (plus one)."""
+        return cls(layer_ids=tuple(int(i) + 1 for i in ids))
+
+    def to_vllm(self) -> list[int]:
+        """Ids for vLLM's ``eagle_aux_hidden_state_layer_ids`` (the same numbers as ours)."""
+        return list(self.layer_ids)
+
+    @classmethod
+    def from_vllm(cls, ids: Sequence[int]) -> TapLayers:
+        """Inverse of :meth:`to_vllm`."""
+        return cls(layer_ids=tuple(int(i) for i in ids))
+
+    # --- JSON ----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer_ids": list(self.layer_ids), "convention": self.convention}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TapLayers:
+        if not isinstance(d, dict) or "layer_ids" not in d:
+            raise ConfigError(f"tap layers must be an object with 'layer_ids', got {d!r}")
+        return cls(layer_ids=tuple(d["layer_ids"]), convention=d.get("convention", "hf_hidden_states"))
+
+
+def default_tap_layers(num_layers: int) -> TapLayers:
+    """EAGLE-3's default taps ``[2, L//2, L-3]`` (HF ``hidden_states`` convention).
+
+    That is also where SGLang and vLLM capture when no ids are configured.
+
+    Raises:
+        ConfigError: for ``num_layers < 5``, where the formula would not be increasing; pass
+            explicit ``--layers`` for such tiny models.
+    """
+    if num_layers < 5:
+        raise ConfigError(f"default taps [2, L//2, L-3] need at least 5 layers (target has "
+                          f"{num_layers}); pass --layers explicitly")
+    return TapLayers(layer_ids=(2, num_layers // 2, num_layers - 3))
