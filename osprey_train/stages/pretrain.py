@@ -21,18 +21,23 @@ Legend: B batch, T tokens, V vocab.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from osprey_data.errors import ConfigError, InputError
-from osprey_train.trainer import LoopConfig, OptimConfig, TrainResult, train
+from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
+from osprey_data.errors import CheckpointError, ConfigError, InputError
+from osprey_train.stages.defaults import pretrain_optim
+from osprey_train.trainer import LoopConfig, OptimConfig, config_json
+from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
+from osprey_train.trainer.loop import TrainResult, train
 
 __all__ = ["PretrainConfig", "PretrainResult", "PretrainTask", "run"]
 
@@ -45,76 +50,36 @@ class PretrainConfig:
     """HF causal-LM folder to train (Stage 1 output), with its tokenizer."""
     corpus: Path
     """Tokenized corpus folder (``osprey data tokenize-corpus``) made with the model's tokenizer."""
-    out: Path
-    """Run folder: checkpoints/, metrics.jsonl, metrics.png, final/ (the trained HF model)."""
-    steps: int = 1000
-    """Optimizer steps."""
+    loop: LoopConfig
+    """The trainer's loop: run folder (``out_dir``: checkpoints/, metrics, final/ = the trained HF
+    model), steps, gradient accumulation, logging, eval and save periods, seed, devices. Held-out
+    perplexity is always also measured at step 0 (``PretrainResult.initial_ppl``)."""
+    optim: OptimConfig = field(default_factory=pretrain_optim)
+    """AdamW and schedule (the paper's pretraining recipe, see ``stages/defaults.py``)."""
     seq_len: int = 1024
     """Tokens per training window (inputs; targets are shifted by one)."""
     batch_size: int = 8
     """Windows per micro-batch per process."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step."""
-    lr: float = 1e-4
-    """Peak learning rate (paper: 1e-4)."""
-    warmup_ratio: float = 0.01
-    """Fraction of steps of linear warmup."""
-    min_lr_ratio: float = 0.0
-    """Final LR as a fraction of the peak (cosine end point)."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay (matrices only; see osprey_train.trainer.optim)."""
-    grad_clip: float = 1.0
-    """Global grad-norm clip (0 = off)."""
     heldout_fraction: float = 0.01
     """Fraction of the corpus (its end) held out for perplexity; never trained on."""
-    eval_every: int = 0
-    """Held-out perplexity every this many steps (0 = at the start and the end only)."""
     eval_windows: int = 64
     """Held-out windows (of seq_len + 1 tokens) per evaluation."""
     eval_batch_size: int = 8
     """Windows per forward pass during evaluation."""
-    save_every: int = 0
-    """Checkpoint every this many steps (0 = at the end only)."""
-    log_every: int = 10
-    """Train metrics every this many steps."""
-    resume: bool = False
-    """Continue from the newest complete checkpoint in ``out``."""
-    seed: int = 0
-    """Seed of the data order and of the RNGs."""
-    device: str = "auto"
-    """auto, cpu, cuda, cuda:N."""
-    distributed: str = "auto"
-    """auto (DDP under torchrun), none, ddp, fsdp."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward (HF gradient checkpointing)."""
-    progress: bool = True
-    """Show a progress bar with tokens/s."""
 
     def __post_init__(self) -> None:
-        self.model, self.corpus, self.out = Path(self.model), Path(self.corpus), Path(self.out)
-        for name in ("steps", "seq_len", "batch_size", "grad_accum", "eval_windows", "eval_batch_size"):
+        self.model, self.corpus = Path(self.model), Path(self.corpus)
+        for name in ("seq_len", "batch_size", "eval_windows", "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"pretrain: {name} must be an integer >= 1, got {value!r}")
         if not 0.0 < self.heldout_fraction < 0.5:
             raise ConfigError(f"pretrain: heldout_fraction must be in (0, 0.5), got {self.heldout_fraction}")
-        # OptimConfig / LoopConfig check the rest (lr, ratios, every-N, device, distributed).
-        self.optim_config()
-        self.loop_config()
 
-    def optim_config(self) -> OptimConfig:
-        """The trainer's optimizer settings."""
-        return OptimConfig(lr=self.lr, warmup_ratio=self.warmup_ratio, min_lr_ratio=self.min_lr_ratio,
-                           weight_decay=self.weight_decay, grad_clip=self.grad_clip)
-
-    def loop_config(self) -> LoopConfig:
-        """The trainer's loop settings."""
-        extra = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
-        return LoopConfig(out_dir=self.out, max_steps=self.steps, grad_accum=self.grad_accum, seed=self.seed,
-                          device=self.device, log_every=self.log_every, eval_every=self.eval_every,
-                          save_every=self.save_every, resume=self.resume, distributed=self.distributed,
-                          gradient_checkpointing=self.gradient_checkpointing, progress=self.progress,
-                          eval_at_start=True, extra={"stage": "pretrain", "config": extra})
+    def trainer_loop(self) -> LoopConfig:
+        """``loop`` as the trainer runs it: evaluated at step 0, the stage config recorded."""
+        return dataclasses.replace(self.loop, eval_at_start=True,
+                                   extra={"stage": "pretrain", "config": config_json(self)})
 
 
 @dataclass
@@ -136,11 +101,9 @@ class PretrainResult:
 
 
 class PretrainTask:
-    """:class:`osprey_train.trainer.TrainTask` for next-token prediction on corpus windows."""
+    """:class:`osprey_train.trainer.loop.TrainTask` for next-token prediction on corpus windows."""
 
     def __init__(self, cfg: PretrainConfig) -> None:
-        from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
-
         self.cfg = cfg
         self.corpus = TokenCorpus(cfg.corpus)
         if not (cfg.model / "config.json").is_file():
@@ -154,7 +117,7 @@ class PretrainTask:
                               f"(hash {ident['hash'][:12]}); tokenize the corpus with --tokenizer {cfg.model}")
         (tr0, tr1), (ho0, ho1) = self.corpus.split(cfg.heldout_fraction, min_heldout=cfg.seq_len + 1)
         self.train_range, self.heldout_range = (tr0, tr1), (ho0, ho1)
-        self.sampler = WindowSampler(self.corpus, tr0, tr1, cfg.seq_len + 1, cfg.seed)
+        self.sampler = WindowSampler(self.corpus, tr0, tr1, cfg.seq_len + 1, cfg.loop.seed)
         self.eval_starts = self._heldout_starts()
 
     def _heldout_starts(self) -> list[int]:
@@ -184,7 +147,7 @@ class PretrainTask:
 
     def batch(self, step: int, micro: int, rank: int, world_size: int) -> torch.Tensor:
         per_slot = self.cfg.batch_size
-        global_batch = world_size * self.cfg.grad_accum * per_slot
+        global_batch = world_size * self.cfg.loop.grad_accum * per_slot
         first = step * global_batch + (micro * world_size + rank) * per_slot
         return torch.from_numpy(self.sampler.batch(first, per_slot))   # ids_BT (B, seq_len + 1)
 
@@ -226,7 +189,7 @@ class PretrainTask:
         info = {"stage": "pretrain", "source_model": str(self.cfg.model.resolve()),
                 "corpus": str(self.cfg.corpus.resolve()), "corpus_tokenizer": self.corpus.tokenizer,
                 "train_tokens_range": list(self.train_range), "heldout_tokens_range": list(self.heldout_range),
-                "steps": self.cfg.steps, "seq_len": self.cfg.seq_len, "seed": self.cfg.seed}
+                "steps": self.cfg.loop.max_steps, "seq_len": self.cfg.seq_len, "seed": self.cfg.loop.seed}
         (Path(out_dir) / "pretrain_info.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
 
 
@@ -235,14 +198,11 @@ _RESUME_FIXED = ("model", "corpus", "seq_len", "batch_size", "heldout_fraction")
 
 
 def _check_resume(cfg: PretrainConfig) -> None:
-    from osprey_data.errors import CheckpointError
-    from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
-
-    ckpt = latest_checkpoint(cfg.out / "checkpoints")
-    if not cfg.resume or ckpt is None:
+    ckpt = latest_checkpoint(cfg.loop.out_dir / "checkpoints")
+    if not cfg.loop.resume or ckpt is None:
         return
     saved = read_trainer_state(ckpt).get("extra", {}).get("config", {})
-    now = cfg.loop_config().extra["config"]
+    now = config_json(cfg)
     diffs = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in _RESUME_FIXED if k in saved and saved[k] != now[k]]
     if diffs:
         raise CheckpointError(f"{ckpt}: cannot resume with different data/model settings ({'; '.join(diffs)}); "
@@ -250,10 +210,10 @@ def _check_resume(cfg: PretrainConfig) -> None:
 
 
 def run(cfg: PretrainConfig) -> PretrainResult:
-    """Pretrain ``cfg.model`` on ``cfg.corpus``; the trained model lands in ``cfg.out/final``."""
+    """Pretrain ``cfg.model`` on ``cfg.corpus``; the trained model lands in ``cfg.loop.out_dir/final``."""
     task = PretrainTask(cfg)
     _check_resume(cfg)
-    result = train(task, cfg.loop_config(), cfg.optim_config())
+    result = train(task, cfg.trainer_loop(), cfg.optim)
     initial = next((h["eval_ppl"] for h in result.eval_history if h["step"] == 0), None)
     final = result.last_eval.get("eval_ppl")
     return PretrainResult(final_dir=result.final_dir, initial_ppl=initial, final_ppl=final,

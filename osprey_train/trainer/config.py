@@ -2,20 +2,24 @@
 
 Both configs are plain ``@dataclass(kw_only=True)`` objects checked in ``__post_init__`` so a
 bad value fails before any model is built, with a :class:`ConfigError` naming the field. They
-are shared by every stage that trains (Stage 2 pretraining, Stage 4 distillation); stage
-configs embed or build them.
+are shared by every stage that trains (Stage 2 pretraining, Stage 4 distillation): a stage
+config holds them as its ``loop`` and ``optim`` fields, and the CLI declares their options once
+(``osprey_cli.train_options``) with these defaults. A stage that needs another default says so
+in ``osprey_train/stages/defaults.py``.
+
+This module is free of torch so that the CLI can show the defaults in ``--help`` cheaply.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["OptimConfig", "LoopConfig", "SCHEDULE_NAMES", "DISTRIBUTED_MODES"]
+__all__ = ["OptimConfig", "LoopConfig", "SCHEDULE_NAMES", "DISTRIBUTED_MODES", "config_json"]
 
 SCHEDULE_NAMES: tuple[str, ...] = ("cosine", "linear", "constant")
 DISTRIBUTED_MODES: tuple[str, ...] = ("auto", "none", "ddp", "fsdp")
@@ -75,7 +79,7 @@ class LoopConfig:
 
     out_dir: Path
     """Run folder: ``checkpoints/``, ``metrics.jsonl``, ``metrics.png`` and ``final/`` go here."""
-    max_steps: int
+    max_steps: int = 1000
     """Number of optimizer steps (each = ``grad_accum`` micro-batches per rank)."""
     grad_accum: int = 1
     """Micro-batches accumulated per optimizer step."""
@@ -119,3 +123,20 @@ class LoopConfig:
                f"LoopConfig.distributed must be one of {DISTRIBUTED_MODES}, got {self.distributed!r}")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                f"LoopConfig.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+def config_json(config: Any) -> Any:
+    """A (nested) config dataclass as plain JSON values: paths become strings, tuples lists.
+
+    Stages store it in the trainer state (``LoopConfig.extra``) to describe the run and to refuse
+    a resume with different data or model settings.
+    """
+    if is_dataclass(config) and not isinstance(config, type):
+        return config_json(asdict(config))
+    if isinstance(config, dict):
+        return {str(k): config_json(v) for k, v in config.items()}
+    if isinstance(config, (list, tuple)):
+        return [config_json(v) for v in config]
+    if isinstance(config, Path):
+        return str(config)
+    return config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,7 +14,9 @@ from osprey_data.store import StoreReader
 from osprey_train.distill_data.packing import StorePacker, plan_epoch
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.models import load_drafter
+from osprey_train.stages.defaults import distill_optim
 from osprey_train.stages.distill import DistillConfig, run
+from osprey_train.trainer import LoopConfig, OptimConfig
 from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store
 
 
@@ -34,11 +37,18 @@ def greedy_setup(tmp_path_factory, tiny_tokenizer_dir):
     return make_store(root / "store", target, num_samples=6, max_new_tokens=12)
 
 
+_LOOP_FIELDS = {f.name for f in dataclasses.fields(LoopConfig)}
+_OPTIM_FIELDS = {f.name for f in dataclasses.fields(OptimConfig)}
+
+
 def _cfg(tmp_path, drafter, store, **kw):
-    base = dict(drafter=drafter, store=str(store), out=tmp_path / "run", steps=3, tokens_per_batch=96,
-                ttt_steps=3, device="cpu", progress=False, log_every=1, lr=1e-3)
+    """A DistillConfig; loop and optimizer fields may be given flat, as keywords of their own."""
+    base = dict(out_dir=tmp_path / "run", max_steps=3, tokens_per_batch=96, ttt_steps=3, device="cpu",
+                progress=False, log_every=1, lr=1e-3)
     base.update(kw)
-    return DistillConfig(**base)
+    loop = LoopConfig(**{k: base.pop(k) for k in list(base) if k in _LOOP_FIELDS})
+    optim = distill_optim(**{k: base.pop(k) for k in list(base) if k in _OPTIM_FIELDS})
+    return DistillConfig(drafter=drafter, store=str(store), loop=loop, optim=optim, **base)
 
 
 def _records(out):
@@ -69,7 +79,7 @@ def test_distill_runs_on_builder_store_with_metrics_and_resume(tmp_path, builder
     import shutil
 
     drafter = make_drafter_dir(tmp_path / "drafter", store=builder_store)
-    cfg = dict(steps=3, save_every=1, eval_store=str(builder_store), eval_samples=2)
+    cfg = dict(max_steps=3, save_every=1, eval_store=str(builder_store), eval_samples=2)
     res = run(_cfg(tmp_path, drafter, builder_store, **cfg))
     recs = _records(tmp_path / "run")
     train = [r for r in recs if r["kind"] == "train"]
@@ -89,7 +99,7 @@ def test_distilled_drafter_beats_its_initialization(tmp_path, greedy_setup):
     drafter = make_drafter_dir(tmp_path / "drafter", seed=5)
     reader = StoreReader(str(greedy_setup))
     before = evaluate_acceptance(load_drafter(drafter), reader, steps=3, progress=False)
-    res = run(_cfg(tmp_path, drafter, greedy_setup, steps=20, lr=1e-2, warmup_ratio=0.0,
+    res = run(_cfg(tmp_path, drafter, greedy_setup, max_steps=20, lr=1e-2, warmup_ratio=0.0,
                    freeze_embeddings=False, tokens_per_batch=512, log_every=5))
     after = evaluate_acceptance(load_drafter(res.final_dir), reader, steps=3, progress=False)
     assert after.overall > before.overall + 0.5, (before.overall, after.overall)
@@ -100,7 +110,7 @@ def test_distilled_drafter_beats_its_initialization(tmp_path, greedy_setup):
 def test_eagle3_and_full_vocab_targets(tmp_path, builder_store, tiny_llama_dir):
     d2t = torch.arange(128) * 3
     e3 = make_drafter_dir(tmp_path / "e3", preset="tiny-eagle3", draft_vocab=d2t, store=builder_store)
-    res = run(_cfg(tmp_path, e3, builder_store, steps=1, target_dist="full", target_model=str(tiny_llama_dir),
+    res = run(_cfg(tmp_path, e3, builder_store, max_steps=1, target_dist="full", target_model=str(tiny_llama_dir),
                    gradient_checkpointing=True, attention="eager"))
     rec = [r for r in _records(tmp_path / "run") if r["kind"] == "train"][-1]
     assert np.isfinite(rec["loss"]) and "acc_k0" in rec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from osprey_data.corpus import TokenizeCorpusConfig
 from osprey_data.corpus import run as tokenize
 from osprey_data.errors import CheckpointError, ConfigError, InputError
 from osprey_train.stages.pretrain import PretrainConfig, PretrainTask, run
+from osprey_train.trainer import LoopConfig, OptimConfig
 from osprey_train.trainer.metrics import read_metrics
 from tests.helpers.tiny import _CORPUS, make_tiny_llama, make_tiny_tokenizer
 
@@ -36,19 +38,26 @@ def setup(tmp_path_factory, tiny_tokenizer_dir, tiny_tokenizer):
     return tmp, model_dir, tmp / "corpus"
 
 
+_LOOP_FIELDS = {f.name for f in dataclasses.fields(LoopConfig)}
+_OPTIM_FIELDS = {f.name for f in dataclasses.fields(OptimConfig)}
+
+
 def _cfg(setup, out, **kw):
+    """A PretrainConfig; loop and optimizer fields may be given flat, as keywords of their own."""
     tmp, model_dir, corpus = setup
-    base = dict(model=model_dir, corpus=corpus, out=tmp / out, steps=6, seq_len=16, batch_size=4, lr=3e-3,
+    base = dict(model=model_dir, corpus=corpus, out_dir=tmp / out, max_steps=6, seq_len=16, batch_size=4, lr=3e-3,
                 warmup_ratio=0.1, heldout_fraction=0.1, eval_windows=8, log_every=1, device="cpu",
                 distributed="none", progress=False)
     base.update(kw)
-    return PretrainConfig(**base)
+    loop = LoopConfig(**{k: base.pop(k) for k in list(base) if k in _LOOP_FIELDS})
+    optim = OptimConfig(**{k: base.pop(k) for k in list(base) if k in _OPTIM_FIELDS})
+    return PretrainConfig(loop=loop, optim=optim, **base)
 
 
 def test_pretraining_lowers_heldout_perplexity_and_saves_hf_model(setup):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    result = run(_cfg(setup, "learn", steps=30, eval_every=15, save_every=15))
+    result = run(_cfg(setup, "learn", max_steps=30, eval_every=15, save_every=15))
     assert result.final_ppl < 0.5 * result.initial_ppl
     evals = [r for r in read_metrics(result.train.out_dir / "metrics.jsonl") if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 15, 30] and evals[0]["eval_ppl"] == result.initial_ppl
@@ -67,18 +76,18 @@ def test_pretraining_lowers_heldout_perplexity_and_saves_hf_model(setup):
 
 def test_resume_is_exact(setup):
     tmp = setup[0]
-    straight = run(_cfg(setup, "straight", steps=4, save_every=2))
-    run(_cfg(setup, "resumed", steps=4, save_every=2))
+    straight = run(_cfg(setup, "straight", max_steps=4, save_every=2))
+    run(_cfg(setup, "resumed", max_steps=4, save_every=2))
     out = tmp / "resumed"
     shutil.rmtree(out / "checkpoints" / "step-4")     # as if killed between steps 2 and 4
     shutil.rmtree(out / "final")
-    again = run(_cfg(setup, "resumed", steps=4, save_every=2, resume=True))
+    again = run(_cfg(setup, "resumed", max_steps=4, save_every=2, resume=True))
     assert again.train.resumed_from.name == "step-2" and again.initial_ppl is None
     a = load_file(str(straight.final_dir / "model.safetensors"))
     b = load_file(str(again.final_dir / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(CheckpointError, match="seq_len"):
-        run(_cfg(setup, "resumed", steps=4, save_every=2, resume=True, seq_len=8))
+        run(_cfg(setup, "resumed", max_steps=4, save_every=2, resume=True, seq_len=8))
 
 
 def test_windows_are_disjoint_across_ranks_and_steps(setup):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from osprey_train.trainer import LoopConfig, OptimConfig, train
+from osprey_train.trainer import LoopConfig, OptimConfig
+from osprey_train.trainer.loop import train
 from tests.train.trainer.toy import ToyTask
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from osprey_data.errors import CheckpointError, SchemaError
-from osprey_train.trainer import LoopConfig, OptimConfig, train
+from osprey_train.trainer import LoopConfig, OptimConfig
 from osprey_train.trainer.checkpoint import (
     latest_checkpoint, list_checkpoints, load_state_dict_file, read_trainer_state, rng_state, save_state_dict,
     set_rng_state,
 )
+from osprey_train.trainer.loop import train
 from tests.train.trainer.toy import ToyLM, ToyTask
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from osprey_train.trainer import LoopConfig, OptimConfig, train
+from osprey_train.trainer import LoopConfig, OptimConfig
 from osprey_train.trainer.checkpoint import read_trainer_state
+from osprey_train.trainer.loop import train
 from osprey_train.trainer.metrics import read_metrics
 from tests.train.trainer.toy import ToyTask
 

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from osprey_data.errors import CheckpointError, ConfigError, TrainingDivergedError
-from osprey_train.trainer import LoopConfig, OptimConfig, TrainResult, train
+from osprey_train.trainer import LoopConfig, OptimConfig
+from osprey_train.trainer.loop import TrainResult, train
 from osprey_train.trainer.metrics import read_metrics
 from tests.train.trainer.toy import Crash, ToyTask
 

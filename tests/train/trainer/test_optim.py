@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError
-from osprey_train.trainer import LoopConfig, OptimConfig, train
+from osprey_train.trainer import LoopConfig, OptimConfig
+from osprey_train.trainer.loop import train
 from osprey_train.trainer.metrics import read_metrics
 from osprey_train.trainer.optim import build_optimizer, lr_at, param_groups, warmup_steps
 from tests.train.trainer.toy import ToyLM, ToyTask
