@@ -312,8 +312,6 @@ def run(config: BuildConfig) -> BuildSummary:
     """Build (or resume building) the store ``config.out``; returns the summary."""
     from tqdm.auto import tqdm
 
-    from osprey_data.store.merge import read_journal
-
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
     backend = BACKENDS[config.backend](config)
@@ -379,9 +377,9 @@ def run(config: BuildConfig) -> BuildSummary:
                     elapsed = time.perf_counter() - t_work
                     bar.set_postfix(tok_s=f"{summary.tokens_written / max(elapsed, 1e-9):.0f}")
         summary.generated_tokens = processor.generated_tokens
-        shards = read_journal(writer.fs, f"{writer.worker}.json")["shards"]
-        tokens = sum(s["num_tokens"] for s in shards)
-        summary.bytes_per_token = sum(s["num_bytes"] for s in shards) / tokens if tokens else None
+        shards = writer.committed_shards()
+        tokens = sum(s.num_tokens for s in shards)
+        summary.bytes_per_token = sum(s.num_bytes for s in shards) / tokens if tokens else None
         summary.skipped = dict(skipped)
     finally:
         backend.close()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from osprey_data.atomic import write_bytes, write_json
 from osprey_data.corpus.sources import TXT_DOC_MODES, detect_format, iter_documents
 from osprey_data.errors import ConfigError, InputError
 from osprey_data.schema_check import validate
@@ -102,12 +102,6 @@ def tokenizer_identity(tokenizer: Any, name_or_path: str) -> dict[str, Any]:
             "eos_token_id": int(tokenizer.eos_token_id), "eos_token": str(tokenizer.eos_token)}
 
 
-def _atomic_json(doc: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _input_entry(path: Path) -> dict[str, Any]:
     fmt = detect_format(path)    # also: a clear error for a missing path
     stat_path = path
@@ -152,26 +146,21 @@ class _ShardWriter:
         if self.tokens:
             name = f"shard-{len(self.state.shards):05d}.bin"
             data = np.concatenate(self.buffer).astype("<u4", copy=False)
-            tmp = self.cfg.out_dir / (name + ".tmp")
-            with tmp.open("wb") as f:
-                f.write(data.tobytes())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.cfg.out_dir / name)
+            write_bytes(self.cfg.out_dir / name, data.tobytes())
             self.state.shards.append({"file": name, "tokens": int(self.tokens), "documents": int(self.docs),
                                       "sha256": hashlib.sha256(data.tobytes()).hexdigest()})
         self.state.next_input, self.state.next_doc = next_input, next_doc
         self.state.skipped_empty += self.empty
         self.buffer, self.tokens, self.docs, self.empty = [], 0, 0, 0
-        _atomic_json({"identity": self.identity_doc, "shards": self.state.shards,
-                      "next_input": next_input, "next_doc": next_doc, "inputs": self.state.inputs,
-                      "skipped_empty": self.state.skipped_empty}, self.cfg.out_dir / PROGRESS_NAME)
+        write_json(self.cfg.out_dir / PROGRESS_NAME, {
+            "identity": self.identity_doc, "shards": self.state.shards, "next_input": next_input,
+            "next_doc": next_doc, "inputs": self.state.inputs, "skipped_empty": self.state.skipped_empty})
 
 
 def _load_state(cfg: TokenizeCorpusConfig, identity_doc: dict[str, Any], inputs: list[dict[str, Any]]) -> _State:
     progress = cfg.out_dir / PROGRESS_NAME
     if not progress.is_file():
-        for stale in cfg.out_dir.glob("shard-*.bin*"):
+        for stale in _shard_files(cfg.out_dir):
             stale.unlink()      # shards without a progress record are orphans of a crash
         return _State(inputs=inputs)
     doc = json.loads(progress.read_text(encoding="utf-8"))
@@ -185,10 +174,15 @@ def _load_state(cfg: TokenizeCorpusConfig, identity_doc: dict[str, Any], inputs:
         if (cfg.out_dir / s["file"]).stat().st_size != 4 * s["tokens"]:
             raise InputError(f"{cfg.out_dir / s['file']}: size does not match progress.json; delete {cfg.out_dir} "
                              "and tokenize again")
-    for stale in cfg.out_dir.glob("shard-*.bin*"):
+    for stale in _shard_files(cfg.out_dir):
         if stale.name not in keep:
             stale.unlink()
     return state
+
+
+def _shard_files(out_dir: Path) -> list[Path]:
+    """Token shards and the temporary files of interrupted shard writes."""
+    return [*out_dir.glob("shard-*.bin"), *out_dir.glob(".shard-*.bin.tmp-*")]
 
 
 def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
@@ -256,6 +250,6 @@ def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
              "num_documents": int(sum(s["documents"] for s in state.shards)),
              "skipped_empty": int(state.skipped_empty), "created_unix": time.time(), "identity": identity_doc}
     validate(index, INDEX_SCHEMA, where=str(index_path))
-    _atomic_json(index, index_path)
+    write_json(index_path, index)
     (cfg.out_dir / PROGRESS_NAME).unlink(missing_ok=True)
     return index

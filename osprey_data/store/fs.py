@@ -3,8 +3,9 @@
 One small wrapper (:class:`StoreFS`) so that the writer, reader, merge and validate code never
 touch fsspec directly. Atomicity differs by backend and is decided here:
 
-* local disk: a file is written to ``<name>.tmp-<nonce>`` and ``os.replace``-d into place; a
-  shard directory is built under ``shards/.tmp-...`` and renamed in one step.
+* local disk: a file is replaced through :func:`osprey_data.atomic.write_bytes` (temporary
+  sibling, fsync, ``os.replace``); a shard directory is built under ``shards/.tmp-...`` and
+  renamed in one step.
 * object stores (``s3://``, ``memory://``, ...): a single object PUT is atomic, directories do
   not exist, so files are written in place and a shard counts as committed only once its
   ``_COMMIT.json`` (written last) exists — and is visible only once listed by the manifest.
@@ -15,12 +16,12 @@ A read-only StoreFS refuses every mutating call with StoreReadOnlyError (readers
 from __future__ import annotations
 
 import os
-import uuid
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from osprey_data.atomic import write_bytes
 from osprey_data.errors import StoreError, StoreNotFoundError, StoreReadOnlyError
 
 __all__ = ["StoreFS"]
@@ -130,14 +131,7 @@ class StoreFS:
         """Replace ``rel`` so readers see the old or the new content, never a mix."""
         self._check_writable("write")
         if self.is_local:
-            p = self.path(rel)
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            tmp = f"{p}.tmp-{uuid.uuid4().hex[:12]}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
+            write_bytes(self.path(rel), data)
         else:
             self.fs.pipe_file(self.path(rel), data)  # one PUT: atomic on object stores
 

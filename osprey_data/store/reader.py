@@ -26,7 +26,7 @@ import pyarrow as pa
 from osprey_data.errors import ConfigError, SampleNotFoundError, StoreCorruptError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import Manifest, StoreHeader
-from osprey_data.store.merge import read_manifest
+from osprey_data.store.journal import read_manifest
 from osprey_data.store.pool import DEFAULT_DECODE_THREADS
 from osprey_data.store.records import Sample
 from osprey_data.store.shard import ShardHandle

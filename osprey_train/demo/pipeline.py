@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from osprey_data.atomic import write_json
 from osprey_data.builder import BuildConfig
 from osprey_data.builder import run as build
 from osprey_data.errors import InputError
@@ -241,7 +242,7 @@ def run(cfg: DemoConfig) -> DemoResult:
     md, png = write_report(summary, out)
     progress.finish()
     summary["timings_s"]["total"] = progress.total
-    _atomic_json(summary, out / "demo.json")
+    write_json(out / "demo.json", summary, default=str)
     if cfg.progress:
         print(f"[demo done +{progress.total:.0f}s] report: {md}", flush=True)
     return DemoResult(out=out, report_md=md, report_png=png, summary=summary)
@@ -253,9 +254,3 @@ def _device(device: str) -> str:
 
 def _threads() -> int:
     return torch.get_num_threads()
-
-
-def _atomic_json(doc: dict, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)

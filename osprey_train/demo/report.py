@@ -6,9 +6,10 @@ report can be regenerated from a finished run without re-running anything.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
+
+from osprey_data.atomic import atomic_file, write_text
 
 __all__ = ["write_report", "render_markdown", "plot"]
 
@@ -112,10 +113,9 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     ax2.set_ylabel("tokens / s")
     ax2.set_title(f"x{live['speedup']:.2f}" if live.get("speedup") else "speed")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
@@ -123,8 +123,5 @@ def write_report(summary: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """Write ``report.png`` and ``report.md`` into ``out``; returns both paths."""
     out.mkdir(parents=True, exist_ok=True)
     png = plot(summary, out / "report.png")
-    md = out / "report.md"
-    tmp = md.with_name(".report.md.tmp")
-    tmp.write_text(render_markdown(summary, png.name), encoding="utf-8")
-    os.replace(tmp, md)
+    md = write_text(out / "report.md", render_markdown(summary, png.name))
     return md, png

@@ -18,13 +18,13 @@ Legend: S draft steps.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osprey_data.atomic import write_json
 from osprey_data.conversation import ChatRenderer, iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError, InputError
 from osprey_data.target import check_compatible, identify_target, load_hf_target, resolve_device
@@ -275,7 +275,7 @@ def _run(config: LiveConfig) -> LiveReport:
     report = summarize(samples, steps=config.steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
     if config.out:
-        write_json(report.to_dict(), Path(config.out))
+        write_json(Path(config.out), report.to_dict())
     return report
 
 
@@ -325,11 +325,3 @@ def summarize(samples: list[dict[str, Any]], *, steps: int, temperature: float, 
                       per_position=per_position, spec_tokens=tokens, spec_seconds=spec_seconds,
                       plain_tokens=sum(s["plain_tokens"] for s in samples) if baseline else None,
                       plain_seconds=plain_seconds, greedy_identical=identical, samples=samples)
-
-
-def write_json(doc: dict[str, Any], path: Path) -> None:
-    """Write atomically (temp name, then rename), so a partial file never looks complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)

@@ -12,11 +12,10 @@ cross-domain tables. Proxy cells (sampled responses) are marked with ``*``.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target import check_compatible
@@ -128,17 +127,10 @@ def plot_heatmap(res: MatrixResult, path: Path) -> Path:
     ax.set_title(f"acceptance length (S={res.steps})")
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def run(cfg: MatrixConfig) -> MatrixResult:
@@ -162,9 +154,9 @@ def run(cfg: MatrixConfig) -> MatrixResult:
     res.summary = summarize(res.drafters, res.stores, values)
     cfg.out.mkdir(parents=True, exist_ok=True)
     md, js, png = cfg.out / "matrix.md", cfg.out / "matrix.json", cfg.out / "matrix.png"
-    _write(md, to_markdown(res))
+    write_text(md, to_markdown(res))
     plot_heatmap(res, png)
     res.paths = {"markdown": str(md), "json": str(js), "png": str(png)}
-    _write(js, json.dumps({"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy,
-                           "steps": cfg.steps, "summary": res.summary}, indent=2))
+    write_json(js, {"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy,
+                    "steps": cfg.steps, "summary": res.summary})
     return res

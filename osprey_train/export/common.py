@@ -6,15 +6,16 @@ Legend: V target vocab, Vd draft vocab.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-from osprey_data.errors import CheckpointError, ConfigError
+from osprey_data.atomic import atomic_dir
+from osprey_data.errors import CheckpointError
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
            "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
@@ -50,17 +51,12 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
     """safetensors file (contiguous CPU tensors), metadata format=pt as the engines expect."""
-    from safetensors.torch import save_file
-
     save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path),
               metadata={"format": "pt"})
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read a safetensors file; a damaged/missing file is a CheckpointError naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:
@@ -92,18 +88,8 @@ def copy_side_files(src: Path | None, dst: Path) -> list[str]:
 
 
 def write_folder(out: Path, fill: Callable[[Path], None], *, overwrite: bool) -> Path:
-    """Create ``out`` by calling ``fill(tmp_dir)`` and renaming tmp_dir into place."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"export: output folder {out} exists; pass --overwrite or choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    """Create ``out`` by calling ``fill(tmp_dir)`` on a temporary folder moved into place after."""
+    with atomic_dir(out, overwrite=overwrite,
+                    exists_message=f"export: output folder {out} exists; pass --overwrite or choose another --out") as tmp:
         fill(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return Path(out)

@@ -21,12 +21,12 @@ by the external model class in ``osprey_train/export/sglang_model.py`` (set
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError
 from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.export.common import (absolute_d2t, copy_side_files, dtype_name, load_tensors, offset_d2t,
@@ -83,7 +83,7 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
 
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
-        (tmp / "config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / "config.json", doc)
         copy_side_files(source_dir, tmp)
 
     return write_folder(out, fill, overwrite=overwrite)

@@ -21,11 +21,11 @@ ConfigError pointing to ``--format sglang`` / ``hf``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
@@ -83,7 +83,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
 
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
-        (tmp / "config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / "config.json", doc)
         copy_side_files(source_dir, tmp)
 
     return write_folder(out, fill, overwrite=overwrite)

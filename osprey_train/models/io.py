@@ -8,9 +8,6 @@ a temporary name and renamed into place, so a half-written checkpoint never look
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from osprey_data.errors import CheckpointError, ConfigError
+from osprey_data.atomic import atomic_dir, atomic_file, write_json
+from osprey_data.errors import CheckpointError
 from osprey_data.schema_check import validate
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
@@ -74,28 +72,23 @@ def save_drafter(model: Drafter, out_dir: str | Path) -> Path:
     doc = config_document(model.config)
     validate(doc, SCHEMA, where=f"{out_dir / CONFIG_FILE} (being written)")
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     if not out_dir.exists():
         # Fresh folder: build it under a temporary name, then rename it into place.
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "osprey": FORMAT_NAME})
-            (tmp / CONFIG_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-            os.replace(tmp, out_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(out_dir) as tmp:
+            _write_checkpoint(tmp, state, doc)
         return out_dir
     # Existing folder (other files such as a tokenizer or alignment stats stay): remove the old
     # config first, so that until the new config lands the folder never looks complete.
     (out_dir / CONFIG_FILE).unlink(missing_ok=True)
-    tmp_weights = out_dir / f".{WEIGHTS_FILE}.tmp"
-    save_file(state, str(tmp_weights), metadata={"format": "pt", "osprey": FORMAT_NAME})
-    os.replace(tmp_weights, out_dir / WEIGHTS_FILE)
-    tmp_config = out_dir / f".{CONFIG_FILE}.tmp"
-    tmp_config.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp_config, out_dir / CONFIG_FILE)
+    _write_checkpoint(out_dir, state, doc)
     return out_dir
+
+
+def _write_checkpoint(folder: Path, state: dict[str, torch.Tensor], doc: dict) -> None:
+    """Weights first, config last: a folder with a config.json is complete."""
+    with atomic_file(folder / WEIGHTS_FILE) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt", "osprey": FORMAT_NAME})
+    write_json(folder / CONFIG_FILE, doc)
 
 
 def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
@@ -138,21 +131,12 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
 
 def write_drafter_folder(model: Any, out: Path, *, tokenizer: Any = None, extra: dict[str, Any] | None = None,
                          overwrite: bool = False) -> Path:
-    """save_drafter + tokenizer + JSON side files into a temp folder, then rename into place."""
+    """save_drafter + tokenizer + JSON side files into a temp folder, then moved into place."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_parent = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp = save_drafter(model, tmp_parent / "drafter")
+    with atomic_dir(out, overwrite=overwrite, exists_message=f"{out} exists; pass --overwrite") as tmp:
+        save_drafter(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, doc in (extra or {}).items():
-            (tmp / name).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            if not overwrite:
-                raise ConfigError(f"{out} exists; pass --overwrite")
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp_parent, ignore_errors=True)
+            write_json(tmp / name, doc)
     return out

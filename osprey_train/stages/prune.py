@@ -11,14 +11,11 @@ accepts the families listed in ``osprey_train.models.hf.FAMILY_OF_MODEL_TYPE``.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osprey_data.atomic import atomic_dir, write_json
 from osprey_data.errors import ConfigError, ModelError
 
 __all__ = ["PruneConfig", "PruneResult", "run", "prune_model", "load_source", "save_hf_atomic"]
@@ -109,19 +106,12 @@ def save_hf_atomic(model: Any, tokenizer: Any, out: Path, extra: dict[str, Any] 
         model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, doc in (extra or {}).items():
-            (tmp / name).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            write_json(tmp / name, doc)
 
 
 def run(config: PruneConfig) -> PruneResult:

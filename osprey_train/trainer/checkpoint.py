@@ -31,6 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from osprey_data.atomic import replace_dir
 from osprey_data.errors import CheckpointError
 from osprey_data.schema_check import validate
 from osprey_train.trainer.distributed import DistContext, barrier, unwrap_model
@@ -249,9 +250,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
     barrier(ctx)   # every rank's RNG file is in place before the folder becomes visible
     if ctx.is_main:
         (tmp / "trainer_state.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        replace_dir(tmp, final)   # a checkpoint of the same step is replaced, never deleted first
         if keep > 0:
             for _, old in list_checkpoints(root)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)

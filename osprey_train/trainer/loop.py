@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError, ConfigError, TrainingDivergedError
 from osprey_train.trainer.checkpoint import latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint
 from osprey_train.trainer.config import LoopConfig, OptimConfig
@@ -271,10 +272,7 @@ class _Trainer:
                                keep=self.loop.keep_checkpoints)
 
     def _save_final(self) -> Path | None:
-        import shutil
-
         final = self.loop.out_dir / "final"
-        tmp = self.loop.out_dir / ".tmp-final"
         if self.ctx.mode == "fsdp":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -287,13 +285,8 @@ class _Trainer:
             if not self.ctx.is_main:
                 return None
             to_save = self.inner
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        self.task.save_model(to_save, tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        with atomic_dir(final, overwrite=True) as tmp:   # an earlier run's final/ stays until replaced
+            self.task.save_model(to_save, tmp)
         return final
 
     # -- main --

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from osprey_data.atomic import atomic_file, write_text
 
 __all__ = ["MetricsLog", "read_metrics", "plot_metrics"]
 
@@ -50,9 +51,7 @@ class MetricsLog:
             self._rewrite(kept)
 
     def _rewrite(self, records: list[dict[str, Any]]) -> None:
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(json.dumps(r) + "\n" for r in records))
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record (flushed immediately so a crash keeps everything logged so far)."""
@@ -110,8 +109,7 @@ def plot_metrics(records: list[dict[str, Any]], out_path: Path, title: str | Non
         fig.suptitle(title)
     fig.tight_layout()
     out_path = Path(out_path)
-    tmp = out_path.with_name(out_path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(out_path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
-    os.replace(tmp, out_path)
     return out_path

@@ -59,6 +59,25 @@ def test_round_trip_identical_weights_and_outputs(drafters, tmp_path, arch, fmt)
     assert {p.suffix for p in result.out.iterdir()} <= {".json", ".safetensors"}
 
 
+@pytest.mark.parametrize("fmt", ["sglang", "vllm", "hf"])
+def test_exports_are_readable_by_other_users_under_umask_022(drafters, tmp_path, fmt):
+    """A serving engine often runs as another user: folders 0755, files 0644 (not mkdtemp's 0700)."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        out = run(ExportConfig(drafter=drafters["eagle3"][1], format=fmt, out=tmp_path / fmt,
+                               overwrite=True)).out
+        out = run(ExportConfig(drafter=drafters["eagle3"][1], format=fmt, out=out, overwrite=True)).out
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert [p.name for p in tmp_path.iterdir()] == [fmt]   # no temporary or set-aside folder left
+
+
 def test_sglang_eagle3_layout_and_conventions(drafters, tmp_path):
     from safetensors.torch import load_file
 

@@ -1,0 +1,119 @@
+"""Reading and writing a store's bookkeeping files: worker journals and ``manifest.json``.
+
+Each writer owns exactly one journal, ``workers/<worker>.json`` (schema
+``store-worker-journal.v1.json``), that it atomically replaces after every committed shard; no
+file is ever written by two processes. Publishing (:func:`publish`) — rewriting
+``manifest.json`` as the union of every journal's shards — happens only in one place: by the
+single writer itself when ``num_workers == 1``, or by an explicit ``merge_store``
+(:mod:`osprey_data.store.merge`, ``osprey data merge``) after (or even while) several workers
+write. It is idempotent: it recomputes the whole list each time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from osprey_data.errors import (FormatVersionError, ManifestMismatchError, SchemaError, StoreCorruptError,
+                                StoreNotFoundError)
+from osprey_data.schema_check import validate
+from osprey_data.store.fs import StoreFS
+from osprey_data.store.manifest import (
+    FORMAT_VERSION, Manifest, ShardInfo, StoreHeader, header_hash, parse_manifest,
+)
+from osprey_data.store.shard import TABLE_FILE
+
+__all__ = ["MANIFEST_FILE", "read_manifest", "read_journal", "write_journal", "publish", "journal_path",
+           "shard_sample_ids"]
+
+MANIFEST_FILE = "manifest.json"
+
+
+def journal_path(worker: str) -> str:
+    return f"workers/{worker}.json"
+
+
+def read_manifest(fs: StoreFS) -> Manifest:
+    """The store's manifest, or StoreNotFoundError saying what to do."""
+    if not fs.exists(MANIFEST_FILE):
+        hint = (" Worker journals exist: run `osprey data merge` to publish their shards."
+                if fs.listdir("workers") else "")
+        raise StoreNotFoundError(f"{fs.where(MANIFEST_FILE)}: no manifest.json — not an Osprey store "
+                                 f"(or it was never created).{hint}")
+    return parse_manifest(fs.read_bytes(MANIFEST_FILE), where=fs.where(MANIFEST_FILE))
+
+
+def read_journal(fs: StoreFS, name: str) -> dict[str, Any]:
+    rel = f"workers/{name}"
+    try:
+        doc = json.loads(fs.read_bytes(rel).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreCorruptError(f"{fs.where(rel)}: worker journal is not valid JSON ({exc})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("format_version"), int) and doc["format_version"] > FORMAT_VERSION:
+        raise FormatVersionError(f"{fs.where(rel)}: journal format_version {doc['format_version']} is newer "
+                                 f"than supported ({FORMAT_VERSION}); upgrade Osprey")
+    try:
+        validate(doc, "store-worker-journal.v1.json", where=fs.where(rel))
+    except SchemaError as exc:
+        raise StoreCorruptError(str(exc)) from None
+    return doc
+
+
+def write_journal(fs: StoreFS, *, worker: str, worker_index: int, num_workers: int,
+                  header: StoreHeader, shards: list[ShardInfo], errors: list[dict]) -> None:
+    doc = {
+        "format_version": FORMAT_VERSION, "worker": worker, "worker_index": worker_index,
+        "num_workers": num_workers, "header_sha256": header_hash(header),
+        "shards": [s.to_dict() for s in shards], "errors": list(errors),
+    }
+    fs.write_atomic(journal_path(worker), json.dumps(doc, indent=1).encode())
+
+
+def shard_sample_ids(fs: StoreFS, shard_id: str) -> list[str]:
+    """The sample ids of a committed shard, in row order (from its Parquet table)."""
+    rel = f"shards/{shard_id}/{TABLE_FILE}"
+    try:
+        return pq.read_table(io.BytesIO(fs.read_bytes(rel)), columns=["sample_id"]).column(0).to_pylist()
+    except StoreNotFoundError:
+        raise StoreCorruptError(f"{fs.where(rel)}: missing for a committed shard") from None
+    except Exception as exc:  # damaged parquet
+        raise StoreCorruptError(f"{fs.where(rel)}: unreadable ({exc})") from None
+
+
+def publish(fs: StoreFS, header: StoreHeader, *, check_duplicates: bool) -> Manifest:
+    """Rewrite manifest.json as the union of all worker journals (atomic replace)."""
+    want = header_hash(header)
+    shards: dict[str, ShardInfo] = {}
+    num_errors = 0
+    for name in fs.listdir("workers"):
+        if not name.endswith(".json"):
+            continue  # temp files of an in-progress atomic replace
+        doc = read_journal(fs, name)
+        if doc["header_sha256"] != want:
+            raise ManifestMismatchError(
+                f"{fs.where('workers/' + name)}: worker {doc['worker']} wrote shards for a different "
+                "target/config (header hash differs from manifest.json); remove it or build into "
+                "another store")
+        num_errors += len(doc["errors"])
+        for s in doc["shards"]:
+            info = ShardInfo.from_dict(s)
+            if info.shard_id in shards and shards[info.shard_id] != info:
+                raise StoreCorruptError(f"shard {info.shard_id} is claimed by two journals with different content")
+            shards[info.shard_id] = info
+    ordered = [shards[k] for k in sorted(shards)]
+    if check_duplicates:
+        seen: dict[str, str] = {}
+        for info in ordered:
+            for sid in shard_sample_ids(fs, info.shard_id):
+                if sid in seen:
+                    raise StoreCorruptError(
+                        f"sample {sid!r} is in both shard {seen[sid]} and shard {info.shard_id}; "
+                        "two workers processed the same sample — delete one of the shards' journal "
+                        "entries or rebuild one worker")
+                seen[sid] = info.shard_id
+    manifest = Manifest(header=header, shards=ordered, num_errors=num_errors)
+    fs.write_atomic(MANIFEST_FILE, json.dumps(manifest.to_dict(), indent=1).encode())
+    return manifest
