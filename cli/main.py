@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from osprey_data.errors import OspreyError
+
 __all__ = ["main", "cli", "COMMANDS"]
 
 # group -> command name -> "module:attribute" of a click.Command.
@@ -74,8 +76,6 @@ class OspreyCLI(LazyGroup):
     """Root group: turns Osprey's own errors into one readable line and exit code 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from osprey_data.errors import OspreyError
-
         try:
             return super().invoke(ctx)
         except OspreyError as exc:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from osprey_data.errors import ConfigError
+
 __all__ = ["prune", "convert"]
 
 
@@ -42,7 +44,6 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
 def convert(backbone: Path | None, target: str | None, store: str | None, out: Path, arch: str,
             taps: str | None, draft_vocab_size: int, seed: int, overwrite: bool) -> None:
     """Stage 3: align vocabulary, add zero-init conditioned QKV columns and W_c (or init EAGLE-3)."""
-    from osprey_data.errors import ConfigError
     from osprey_train.stages.convert import ConvertConfig, run
 
     tap_ids = None

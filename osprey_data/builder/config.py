@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from osprey_data.builder.backends import BACKENDS
 from osprey_data.errors import ConfigError
+from osprey_data.store import HIDDEN_CODECS
 
 __all__ = ["BuildConfig", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
 
@@ -102,8 +104,6 @@ class BuildConfig:
             raise ConfigError("--target is required")
         self.target = str(self.target)
         self.out = str(self.out)
-        from osprey_data.builder.backends import BACKENDS
-
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend {self.backend!r} is unknown; use one of {sorted(BACKENDS)}")
         if self.max_new_tokens < 1:
@@ -118,8 +118,6 @@ class BuildConfig:
                 raise ConfigError(f"--layers must be non-negative layer ids, got {list(self.layers)}")
         if self.topk < 1:
             raise ConfigError(f"--topk must be >= 1, got {self.topk}")
-        from osprey_data.store import HIDDEN_CODECS
-
         if self.hidden_codec not in HIDDEN_CODECS:
             raise ConfigError(f"--hidden-codec {self.hidden_codec!r} is unknown; use one of {sorted(HIDDEN_CODECS)}")
         if self.max_length < 2:

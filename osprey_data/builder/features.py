@@ -18,6 +18,7 @@ import numpy as np
 from osprey_data.builder.backends.base import SequenceFeatures
 from osprey_data.conversation.chat_template import RenderedSample
 from osprey_data.errors import ModelError
+from osprey_data.store import SampleRecord
 
 __all__ = ["non_finite_reason", "make_record"]
 
@@ -45,8 +46,6 @@ def non_finite_reason(features: SequenceFeatures) -> str | None:
 def make_record(*, sample_id: str, domain: str, source: str, conversation: list[dict],
                 rendered: RenderedSample, features: SequenceFeatures, finish_reason: str):
     """Assemble the store record of one sample (checks that features match its length)."""
-    from osprey_data.store import SampleRecord
-
     T = rendered.num_tokens
     for name, value in (("hidden_TLD", features.hidden_TLD), ("topk_ids_TK", features.topk_ids_TK),
                         ("topk_logprobs_TK", features.topk_logprobs_TK)):

@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from osprey_data.builder.backends import BACKENDS, GenerationRequest, SamplingParams, TargetBackend, request_seed
 from osprey_data.builder.config import BuildConfig
 from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
@@ -310,8 +312,6 @@ class _BatchProcessor:
 
 def run(config: BuildConfig) -> BuildSummary:
     """Build (or resume building) the store ``config.out``; returns the summary."""
-    from tqdm.auto import tqdm
-
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
     backend = BACKENDS[config.backend](config)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from osprey_data.errors import InputError
 
 __all__ = ["InputSample", "iter_inputs", "normalize_record", "ROLE_ALIASES", "stable_id"]
@@ -171,8 +173,6 @@ def _read_json(path: Path) -> Iterator[RawRecord]:
 
 
 def _read_parquet(path: Path) -> Iterator[RawRecord]:
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for bad files

@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from osprey_data.errors import InputError
 
 __all__ = ["SOURCES", "detect_format", "iter_documents", "TXT_DOC_MODES"]
@@ -70,8 +72,6 @@ def _check_column(path: Path, names: list[str], text_field: str) -> None:
 
 
 def _iter_parquet(path: Path, text_field: str, txt_docs: str) -> Iterator[tuple[int, str]]:
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
     except Exception as exc:   # pyarrow raises several unrelated types for a bad file

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from osprey_data.atomic import write_bytes, write_json
 from osprey_data.corpus.sources import TXT_DOC_MODES, detect_format, iter_documents
@@ -207,8 +208,6 @@ def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
 
     bar = None
     if cfg.progress:
-        from tqdm.auto import tqdm
-
         # Documents per input are unknown up front: count documents, show file i/n and tokens.
         bar = tqdm(desc="tokenize", unit="doc", dynamic_ncols=True)
     for i, entry in enumerate(inputs):

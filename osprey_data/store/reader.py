@@ -25,11 +25,11 @@ import pyarrow as pa
 
 from osprey_data.errors import ConfigError, SampleNotFoundError, StoreCorruptError
 from osprey_data.store.fs import StoreFS
-from osprey_data.store.manifest import Manifest, StoreHeader
 from osprey_data.store.journal import read_manifest
+from osprey_data.store.manifest import Manifest, StoreHeader
 from osprey_data.store.pool import DEFAULT_DECODE_THREADS
 from osprey_data.store.records import Sample
-from osprey_data.store.shard import ShardHandle
+from osprey_data.store.shard import TABLE_SCHEMA, ShardHandle
 
 __all__ = ["StoreReader"]
 
@@ -147,8 +147,6 @@ class StoreReader:
             t = t.append_column("index", pa.array(np.arange(self._starts[k], self._starts[k + 1]), pa.int64()))
             parts.append(t if columns is None else t.select(list(columns)))
         if not parts:
-            from osprey_data.store.shard import TABLE_SCHEMA
-
             empty = pa.table({n: pa.array([], type=TABLE_SCHEMA.field(n).type) for n in TABLE_SCHEMA.names})
             empty = empty.append_column("shard_id", pa.array([], pa.string()))
             empty = empty.append_column("index", pa.array([], pa.int64()))

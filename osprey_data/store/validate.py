@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from osprey_data.errors import OspreyError
 from osprey_data.store.fs import StoreFS
@@ -90,8 +91,6 @@ def validate_store(url: str, storage_options: dict | None = None, *, check_value
         len(manifest.shards), manifest.num_samples, manifest.num_tokens)
     seen: dict[str, str] = {}
     listed = {s.shard_id for s in manifest.shards}
-    from tqdm.auto import tqdm
-
     for info in tqdm(manifest.shards, desc="validate", unit="shard", disable=not progress):
         if len(report.problems) >= max_problems:
             report.notes.append(f"stopped after {max_problems} problems")

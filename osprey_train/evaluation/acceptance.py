@@ -35,8 +35,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 import torch
+from tqdm.auto import tqdm
 
 from osprey_data.errors import ConfigError
+from osprey_train.evaluation.chain_draft import draft_all_positions
 
 __all__ = ["AcceptanceReport", "acceptance_walk", "evaluate_acceptance", "proxy_reason",
            "GREEDY_CONSISTENCY_MIN"]
@@ -124,8 +126,6 @@ def proxy_reason(header) -> str | None:
 def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | None = None,
                         impl: str = "sdpa", progress: bool = True) -> AcceptanceReport:
     """Simulate greedy chain speculative decoding with ``drafter`` on the samples of ``reader``."""
-    from osprey_train.evaluation.chain_draft import draft_all_positions
-
     if steps < 1:
         raise ConfigError(f"acceptance: --steps must be >= 1, got {steps}")
     was_training = drafter.training
@@ -139,8 +139,6 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
     accepted = [0] * steps
     it = range(n)
     if progress:
-        from tqdm.auto import tqdm
-
         it = tqdm(it, desc="acceptance", unit="sample")
     dtype = next(drafter.parameters()).dtype
     for i in it:

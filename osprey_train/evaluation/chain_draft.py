@@ -23,6 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from osprey_train.models import KVCacheAttention
+from osprey_train.ttt.unroll import ttt_hidden_states
+
 __all__ = ["draft_all_positions", "ChainDraftState", "previous_conditions"]
 
 
@@ -47,8 +50,6 @@ def previous_conditions(drafter, taps_TLDt: Tensor) -> Tensor:
 def draft_all_positions(drafter, token_ids_T: Tensor, taps_TLDt: Tensor, steps: int, *,
                         impl: str = "sdpa") -> Tensor:
     """Greedy chain drafts of every verify position: (T, S) target ids; row p = d_1..d_S."""
-    from osprey_train.ttt.unroll import ttt_hidden_states
-
     T = token_ids_T.shape[0]
     device = next(drafter.parameters()).device
     ids_1T = token_ids_T.to(device).long()[None]
@@ -78,8 +79,6 @@ class ChainDraftState:
     """
 
     def __init__(self, drafter) -> None:
-        from osprey_train.models import KVCacheAttention
-
         self.drafter = drafter
         self.cache = KVCacheAttention(drafter.config.num_layers)
         self.length = 0

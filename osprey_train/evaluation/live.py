@@ -24,6 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
 from osprey_data.atomic import write_json
 from osprey_data.conversation import ChatRenderer, iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError, InputError
@@ -209,8 +212,6 @@ def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: 
 
 def run(config: LiveConfig) -> LiveReport:
     """Decode every prompt with the target alone and with the drafter; return the figures."""
-    import torch
-
     threads = config.threads if config.threads is not None else busy_machine_threads(
         print if config.progress else None)
     before = torch.get_num_threads()
@@ -223,9 +224,6 @@ def run(config: LiveConfig) -> LiveReport:
 
 
 def _run(config: LiveConfig) -> LiveReport:
-    import torch
-    from tqdm.auto import tqdm
-
     device = resolve_device(config.device)
     drafter = load_drafter(config.drafter, device=device)
     model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device)

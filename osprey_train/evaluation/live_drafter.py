@@ -30,7 +30,9 @@ from collections.abc import Sequence
 import torch
 
 from osprey_data.errors import ConfigError, ModelError
+from osprey_data.store import HIDDEN_CODECS
 from osprey_train.evaluation.verify import probs_from_logits, sample_from
+from osprey_train.models import KVCacheAttention
 
 __all__ = ["DrafterSession"]
 
@@ -39,9 +41,6 @@ class DrafterSession:
     """Binds a :class:`~osprey_train.models.Drafter` to one sequence being decoded."""
 
     def __init__(self, drafter, *, target_vocab_size: int | None = None, tap_codec: str | None = None) -> None:
-        from osprey_data.store import HIDDEN_CODECS
-        from osprey_train.models import KVCacheAttention
-
         if tap_codec is not None and tap_codec not in HIDDEN_CODECS:
             raise ConfigError(f"unknown tap codec {tap_codec!r}; known: {sorted(HIDDEN_CODECS)}")
         self.codec = None if tap_codec is None else HIDDEN_CODECS[tap_codec]

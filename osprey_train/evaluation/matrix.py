@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
@@ -109,7 +111,6 @@ def plot_heatmap(res: MatrixResult, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     vals = np.asarray(res.values, dtype=float)
     fig, ax = plt.subplots(figsize=(1.4 + 1.1 * len(res.stores), 1.0 + 0.6 * len(res.drafters)))

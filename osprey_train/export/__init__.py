@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import Callable
 
 from osprey_data.errors import ConfigError
+from osprey_train.export.common import DTYPES
+from osprey_train.export.hf import read_hf, write_hf
+from osprey_train.export.sglang import read_sglang, write_sglang
+from osprey_train.export.vllm import read_vllm, write_vllm
+from osprey_train.models.io import load_drafter
 
 __all__ = ["ExportConfig", "ExportResult", "run", "EXPORTERS", "load_export"]
 
 
-def _exporters() -> dict[str, tuple[Callable, Callable]]:
-    from osprey_train.export.hf import read_hf, write_hf
-    from osprey_train.export.sglang import read_sglang, write_sglang
-    from osprey_train.export.vllm import read_vllm, write_vllm
-
-    return {"hf": (write_hf, read_hf), "sglang": (write_sglang, read_sglang), "vllm": (write_vllm, read_vllm)}
-
-
-EXPORTERS = _exporters()
+# format -> (writer, reader)
+EXPORTERS: dict[str, tuple[Callable, Callable]] = {
+    "hf": (write_hf, read_hf), "sglang": (write_sglang, read_sglang), "vllm": (write_vllm, read_vllm),
+}
 
 
 @dataclass(kw_only=True)
@@ -43,8 +43,6 @@ class ExportConfig:
     """Replace ``out`` if it exists."""
 
     def __post_init__(self) -> None:
-        from osprey_train.export.common import DTYPES
-
         self.drafter, self.out = Path(self.drafter), Path(self.out)
         if self.format not in EXPORTERS:
             raise ConfigError(f"export: --format must be one of {sorted(EXPORTERS)}, got {self.format!r}")
@@ -68,9 +66,6 @@ class ExportResult:
 
 def run(config: ExportConfig) -> ExportResult:
     """Load the drafter and write it in ``config.format``."""
-    from osprey_train.export.common import DTYPES
-    from osprey_train.models.io import load_drafter
-
     model = load_drafter(config.drafter)
     writer, _ = EXPORTERS[config.format]
     writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite)

@@ -11,17 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from osprey_train.export.common import copy_side_files, write_folder
 from osprey_train.models.base import Drafter
+from osprey_train.models.io import build_drafter, load_drafter, save_drafter
 
 __all__ = ["write_hf", "read_hf"]
 
 
 def write_hf(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool) -> Path:
     """Write ``model`` (cast to ``dtype``) as an Osprey drafter checkpoint."""
-    from osprey_train.models.io import build_drafter, save_drafter
-
     def fill(tmp: Path) -> None:
         copy = build_drafter(model.config)
         copy.load_state_dict(model.state_dict())
@@ -35,9 +35,6 @@ def write_hf(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path 
 
 def read_hf(path: Path) -> Drafter:
     """Load an ``hf`` export (dtype as stored)."""
-    from osprey_train.models.io import load_drafter
-    from safetensors import safe_open
-
     with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
     dtype = {"BF16": torch.bfloat16, "F16": torch.float16}.get(next((d for d in dtypes if d in ("BF16", "F16")), ""),

@@ -17,6 +17,7 @@ from typing import Any
 
 from osprey_data.atomic import atomic_dir, write_json
 from osprey_data.errors import ConfigError, ModelError
+from osprey_data.target import load_hf_target
 
 __all__ = ["PruneConfig", "PruneResult", "run", "prune_model", "load_source", "save_hf_atomic"]
 
@@ -61,9 +62,7 @@ class PruneResult:
 
 
 def load_source(name_or_path: str, *, gguf_file: str | None = None) -> tuple[Any, Any]:
-    """Load a source/target model + tokenizer through the builder's loader (folder, GGUF, hub id)."""
-    from osprey_data.target import load_hf_target
-
+    """Load a source/target model + tokenizer with the target loader (folder, GGUF, hub id)."""
     return load_hf_target(name_or_path, gguf_file=gguf_file, device="cpu")
 
 

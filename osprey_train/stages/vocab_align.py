@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from osprey_data.errors import ModelError
 
@@ -202,8 +203,6 @@ def align_vocab(source_tokenizer: Any, target_tokenizer: Any, *, target_vocab_si
 
     ``progress`` shows a tqdm bar for large vocabularies (>= 20k target tokens).
     """
-    from tqdm.auto import tqdm
-
     src_surfaces, src_added = token_surfaces(source_tokenizer, where="source tokenizer")
     tgt_surfaces, tgt_added = token_surfaces(target_tokenizer, where="target tokenizer")
     source_vocab_size = source_vocab_size or len(source_tokenizer)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -66,8 +66,6 @@ def save_state_dict(state: dict[str, torch.Tensor], path: Path, metadata: dict[s
 
 def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
     """Inverse of :func:`save_state_dict` (aliases restored as the same tensor)."""
-    from safetensors import safe_open
-
     state = load_file(str(path))
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}

@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError, ConfigError, TrainingDivergedError
@@ -310,8 +311,6 @@ class _Trainer:
 
         bar = None
         if ctx.is_main and loop.progress:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=loop.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
         acc = _Accumulator()
         train_s = 0.0

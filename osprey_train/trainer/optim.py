@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from osprey_data.errors import ConfigError
 from osprey_train.trainer.config import OptimConfig
 
 __all__ = ["param_groups", "build_optimizer", "warmup_steps", "lr_at", "set_lr", "SCHEDULES"]
@@ -54,8 +55,6 @@ def build_optimizer(model: nn.Module, params: Iterable[nn.Parameter] | None, cfg
     """AdamW over :func:`param_groups` with the config's betas/eps; lr is set per step."""
     groups = param_groups(model, params, cfg.weight_decay)
     if not groups:
-        from osprey_data.errors import ConfigError
-
         raise ConfigError("the task has no trainable parameters (all requires_grad=False?)")
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
                              weight_decay=cfg.weight_decay)

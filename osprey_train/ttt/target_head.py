@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import Tensor, nn
 
 from osprey_data.errors import InputError, ModelError
@@ -65,8 +66,6 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
         return {k: model_dir / v for k, v in weight_map.items()}
     single = model_dir / "model.safetensors"
     if single.is_file():
-        from safetensors import safe_open
-
         with safe_open(str(single), framework="pt") as f:
             return {k: single for k in f.keys()}
     raise InputError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
@@ -93,8 +92,6 @@ def find_head_tensor(model_dir: str | Path) -> tuple[str, Path]:
 def load_target_head(model_dir: str | Path, *, device: str | torch.device = "cpu",
                      dtype: torch.dtype = torch.float32) -> TargetHead:
     """Load only the target's LM head from ``model_dir``."""
-    from safetensors import safe_open
-
     model_dir = Path(model_dir)
     key, file = find_head_tensor(model_dir)
     if not file.is_file():

@@ -38,6 +38,7 @@ import numpy as np
 from osprey_data.builder.backends.base import (
     GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend,
 )
+from osprey_data.builder.backends.hf import HFBackend
 from osprey_data.errors import BackendUnavailableError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,8 +83,6 @@ class SGLangBackend(TargetBackend):
             raise ConfigError("--backend sglang loads HF folders only; convert the GGUF model or use --backend hf")
         if config.device == "cpu":
             raise ConfigError("--backend sglang runs on CUDA; drop --device cpu or use --backend hf")
-        from osprey_data.builder.backends.hf import HFBackend
-
         # The prefill model: tokenizer, identity, stop ids and features, exactly as the HF backend.
         self._prefill = HFBackend(config)
         self.tokenizer = self._prefill.tokenizer

@@ -1,0 +1,233 @@
+"""The import graph of the project is one-way and acyclic, with project imports at module top.
+
+Every module of the four packages is parsed with ``ast`` (function-level and ``TYPE_CHECKING``
+imports included), so a cycle or a wrong-way dependency fails here, by name, instead of hiding
+behind an import inside a function until someone calls it.
+
+Rules (STYLE.md 17):
+
+- ``osprey_data`` never imports ``osprey_train`` (the data layer knows nothing of training);
+- nothing imports the CLI package (it is the top: it parses options and calls library ``run``s);
+- the schemas package imports nothing of ours;
+- project imports sit at module top, except in the CLI, where imports inside command functions
+  keep torch off the ``--help`` path; third-party imports inside functions are only for the
+  heavy or optional packages in ``LAZY_THIRD_PARTY``;
+- at run time (``TYPE_CHECKING`` imports aside) no module imports itself through others, and
+  neither does any subpackage (``osprey_data.store``, ``osprey_train.stages``, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# import name -> repository folder
+PACKAGES = {"osprey_data": "osprey_data", "osprey_train": "osprey_train", "osprey_cli": "cli",
+            "osprey_schemas": "schemas"}
+# Third-party packages that may be imported inside functions: heavy to import (torch and what
+# builds on it, matplotlib, datasets; jsonschema, which the schemas package loads only to
+# validate) or optional extras (sglang, flash-attn, s3fs).
+LAZY_THIRD_PARTY = {"torch", "transformers", "sglang", "flash_attn", "matplotlib", "datasets", "accelerate",
+                    "gguf", "s3fs", "jsonschema"}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+    in_function: bool
+    typing_only: bool
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for name, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [name, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an import of ``name`` runs (the longest known prefix), if ours."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in MODULES:
+            return candidate
+        parts.pop()
+    return None
+
+
+class _Collector(ast.NodeVisitor):
+    def __init__(self, module: str, is_package: bool) -> None:
+        self.module, self.is_package = module, is_package
+        self.depth, self.typing = 0, 0
+        self.project: list[Edge] = []
+        self.third_party_lazy: list[tuple[str, int]] = []
+
+    def _function(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_If(self, node: ast.If) -> None:
+        if "TYPE_CHECKING" in ast.unparse(node.test):
+            self.typing += 1
+            for child in node.body:
+                self.visit(child)
+            self.typing -= 1
+            for child in node.orelse:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+
+    def _record(self, name: str, line: int) -> None:
+        target = _resolve(name)
+        if target is not None:
+            self.project.append(Edge(self.module, target, line, self.depth > 0, self.typing > 0))
+        elif self.depth > 0 and name.split(".")[0] not in sys.stdlib_module_names:
+            self.third_party_lazy.append((name, line))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._record(alias.name, node.lineno)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.module.split(".")
+            if not self.is_package:
+                base = base[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        for alias in node.names:  # `from pkg import submodule` imports the submodule
+            full = f"{module}.{alias.name}"
+            self._record(full if full in MODULES else module, node.lineno)
+
+
+def _collect() -> tuple[list[Edge], dict[str, list[tuple[str, int]]]]:
+    edges, lazy = [], {}
+    for module, path in MODULES.items():
+        collector = _Collector(module, path.name == "__init__.py")
+        collector.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        edges += [e for e in collector.project if e.target != module]
+        lazy[module] = collector.third_party_lazy
+    return edges, lazy
+
+
+EDGES, LAZY = _collect()
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _subpackage(module: str) -> str:
+    """``osprey_data.store.writer`` -> ``osprey_data.store``; top-level modules stand alone."""
+    parts = module.split(".")
+    if len(parts) >= 2 and (".".join(parts[:2]) in MODULES and MODULES[".".join(parts[:2])].name == "__init__.py"):
+        return ".".join(parts[:2])
+    return module
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _fmt(edges) -> str:
+    return "\n".join(f"  {e.source}:{e.line} imports {e.target}" for e in edges)
+
+
+def test_the_collector_sees_every_package():
+    assert {_top(m) for m in MODULES} == set(PACKAGES)
+    assert any(e.in_function for e in EDGES)            # the CLI's lazy imports are seen
+    assert any(e.typing_only for e in EDGES)            # so are TYPE_CHECKING ones
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}}) is None
+
+
+def test_data_never_imports_train_or_the_cli():
+    bad = [e for e in EDGES if _top(e.source) == "osprey_data" and _top(e.target) in ("osprey_train", "osprey_cli")]
+    assert not bad, "the data layer must not depend on training or the CLI:\n" + _fmt(bad)
+
+
+def test_nothing_imports_the_cli():
+    bad = [e for e in EDGES if _top(e.target) == "osprey_cli" and _top(e.source) != "osprey_cli"]
+    assert not bad, "only the CLI imports the CLI:\n" + _fmt(bad)
+
+
+def test_schemas_import_nothing_of_ours():
+    bad = [e for e in EDGES if _top(e.source) == "osprey_schemas" and _top(e.target) != "osprey_schemas"]
+    assert not bad, "osprey_schemas must stay free of project imports:\n" + _fmt(bad)
+
+
+def test_project_imports_are_at_module_top_outside_the_cli():
+    bad = [e for e in EDGES if e.in_function and _top(e.source) != "osprey_cli"]
+    assert not bad, ("move these imports to the top of their module (an import cycle then fails at "
+                     "once instead of hiding):\n" + _fmt(bad))
+
+
+def test_lazy_third_party_imports_are_only_heavy_or_optional_packages():
+    bad = [f"  {m}:{line} imports {name}" for m, found in LAZY.items() for name, line in found
+           if _top(name) not in LAZY_THIRD_PARTY]
+    assert not bad, "import these at module top:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("level", ["module", "subpackage"])
+def test_runtime_import_graph_is_acyclic(level):
+    key = (lambda m: m) if level == "module" else _subpackage
+    graph: dict[str, set[str]] = {}
+    for e in EDGES:
+        if e.typing_only:
+            continue
+        a, b = key(e.source), key(e.target)
+        # A package's __init__ importing its own submodules is not a cycle of the package.
+        if a != b and not (level == "module" and b.startswith(a + ".") and MODULES[a].name == "__init__.py"):
+            graph.setdefault(a, set()).add(b)
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle at {level} level: {' -> '.join(cycle)}"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["data", "--help"], ["train", "--help"], ["eval", "--help"]])
+def test_help_does_not_import_torch(args):
+    code = ("import sys\nfrom osprey_cli.main import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'sglang', 'matplotlib') if m in sys.modules)\n"
+            "print('HEAVY', heavy)" % (args,))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stdout, done.stdout[-500:]
