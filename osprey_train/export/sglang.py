@@ -35,7 +35,8 @@ from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
-__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "OSPREY_SGLANG_ARCH", "EAGLE3_SGLANG_ARCH"]
+__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "eagle3_config_from_llama", "OSPREY_SGLANG_ARCH",
+           "EAGLE3_SGLANG_ARCH"]
 
 EAGLE3_SGLANG_ARCH = "LlamaForCausalLMEagle3"
 OSPREY_SGLANG_ARCH = "OspreyDrafterForCausalLM"
@@ -89,20 +90,26 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     return write_folder(out, fill, overwrite=overwrite)
 
 
+def eagle3_config_from_llama(layer: dict[str, Any], *, draft_vocab_size: int, target_hidden_size: int,
+                             taps: TapLayers, target: dict | None) -> DrafterConfig:
+    """Inverse of :func:`llama_layer_config` for an EAGLE-3 drafter (KeyError names a missing key)."""
+    return DrafterConfig(
+        arch="eagle3", family="llama", num_layers=1, hidden_size=layer["hidden_size"],
+        intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
+        num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
+        rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"], rope_scaling=layer.get("rope_scaling"),
+        max_position_embeddings=layer["max_position_embeddings"], vocab_size=layer["vocab_size"],
+        draft_vocab_size=draft_vocab_size, target_hidden_size=target_hidden_size, tap_layers=taps,
+        target=None if target is None else TargetIdentity.from_dict(target),
+    )
+
+
 def _config_from_llama(doc: dict, *, where: Path) -> DrafterConfig:
     try:
-        ids = doc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-        target = doc.get("osprey_target")
-        return DrafterConfig(
-            arch="eagle3", family="llama", num_layers=1, hidden_size=doc["hidden_size"],
-            intermediate_size=doc["intermediate_size"], num_attention_heads=doc["num_attention_heads"],
-            num_key_value_heads=doc["num_key_value_heads"], head_dim=doc["head_dim"],
-            rms_norm_eps=doc["rms_norm_eps"], rope_theta=doc["rope_theta"], rope_scaling=doc.get("rope_scaling"),
-            max_position_embeddings=doc["max_position_embeddings"], vocab_size=doc["vocab_size"],
-            draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
-            tap_layers=TapLayers.from_sglang(ids),
-            target=None if target is None else TargetIdentity.from_dict(target),
-        )
+        return eagle3_config_from_llama(
+            doc, draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
+            taps=TapLayers.from_sglang(doc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+            target=doc.get("osprey_target"))
     except KeyError as exc:
         raise CheckpointError(f"{where}: config.json lacks {exc}; not an EAGLE-3 SGLang checkpoint") from None
 

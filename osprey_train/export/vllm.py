@@ -27,12 +27,11 @@ import torch
 
 from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError, ConfigError
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target import TapLayers
 from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
                                         save_tensors, t2d_mask, write_folder)
-from osprey_train.export.sglang import llama_layer_config
+from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config
 from osprey_train.models.base import Drafter
-from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
 __all__ = ["write_vllm", "read_vllm", "SPECULATORS_VERSION"]
@@ -95,18 +94,13 @@ def read_vllm(path: Path) -> Drafter:
     doc = read_json(path / "config.json")
     if doc.get("speculators_model_type") != "eagle3":
         raise CheckpointError(f"{path / 'config.json'}: not a speculators eagle3 checkpoint")
-    layer = doc["transformer_layer_config"]
-    target = doc.get("osprey_target")
-    config = DrafterConfig(
-        arch="eagle3", family="llama", num_layers=1, hidden_size=layer["hidden_size"],
-        intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
-        num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
-        rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"], rope_scaling=layer.get("rope_scaling"),
-        max_position_embeddings=layer["max_position_embeddings"], vocab_size=layer["vocab_size"],
-        draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
-        tap_layers=TapLayers.from_vllm(doc["eagle_aux_hidden_state_layer_ids"]),
-        target=None if target is None else TargetIdentity.from_dict(target),
-    )
+    try:
+        config = eagle3_config_from_llama(
+            doc["transformer_layer_config"], draft_vocab_size=doc["draft_vocab_size"],
+            target_hidden_size=doc["target_hidden_size"],
+            taps=TapLayers.from_vllm(doc["eagle_aux_hidden_state_layer_ids"]), target=doc.get("osprey_target"))
+    except KeyError as exc:
+        raise CheckpointError(f"{path / 'config.json'}: lacks {exc}; not a speculators eagle3 checkpoint") from None
     raw = load_tensors(path / WEIGHTS)
     state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in raw.items() if k != "t2d"}
     state["d2t"] = absolute_d2t(state["d2t"])
