@@ -39,7 +39,9 @@ def parse_layers(value: str | None) -> tuple[int, ...] | None:
 @click.option("--layers", default=None, help="Tap ids, HF hidden_states convention, e.g. 2,15,27 "
               "(default [2, L//2, L-3]).")
 @click.option("--topk", type=int, default=64, show_default=True, help="Top-k log-probs stored per position.")
-@click.option("--hidden-codec", default="bf16", show_default=True, help="Hidden-state codec: bf16 or fp8.")
+@click.option("--hidden-codec", default="bf16-blosc", show_default=True,
+              help="Hidden-state codec: bf16-blosc (lossless bf16), bf16 (lossless bf16, older byte-plane "
+                   "layout) or fp8.")
 @click.option("--final-hidden", is_flag=True, help="Also store the post-norm last hidden state.")
 @click.option("--max-length", type=int, default=4096, show_default=True, help="Longest stored sequence (tokens).")
 @click.option("--overflow", type=click.Choice(["truncate", "skip"]), default="truncate", show_default=True,

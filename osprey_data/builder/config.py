@@ -60,8 +60,9 @@ class BuildConfig:
     """Tap ids in HF ``hidden_states`` convention; None means [2, L//2, L-3]."""
     topk: int = 64
     """Number of top log-probs stored per position."""
-    hidden_codec: str = "bf16"
-    """Hidden-state codec of the store (``bf16`` or ``fp8``)."""
+    hidden_codec: str = "bf16-blosc"
+    """Hidden-state codec of the store: ``bf16-blosc`` (lossless bf16, fast reads), ``bf16``
+    (lossless bf16 as byte planes, the layout of older stores) or ``fp8``."""
     final_hidden: bool = False
     """Also store the last hidden state after the final norm (exact full-vocab targets)."""
     max_length: int = 4096

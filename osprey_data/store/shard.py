@@ -236,7 +236,9 @@ class ShardHandle:
         The output is allocated once; the chunks of every part are read, verified and
         decompressed (on the decode pool when ``decode_threads > 1``), then each piece of the
         range that lies inside one chunk of every part is decoded straight into the output
-        from views of those chunks: no concatenation, no second copy of the result.
+        from views of those chunks: no concatenation, no second copy of the result. With a
+        ``direct_bits`` codec and torch output, chunks inside the range are decompressed
+        straight into the output (not cached: no later sample needs them).
         """
         codec = HIDDEN_CODECS[self.header.hidden_codec]
         names = [n for n in self.commit["arrays"] if n == name or n.startswith(name + "_")]
@@ -255,17 +257,34 @@ class ShardHandle:
             out = np.empty(shape, dtype=np.float32)
         pool = decode_pool(self.decode_threads)
         loaded: dict[str, dict[int, Any]] = {}
+        # chunks lying entirely inside the range decompress straight into the output when the
+        # codec's one part holds the output's very bits (bf16-blosc read as torch bfloat16)
+        direct_into = (out.view(torch.int16).numpy() if as_torch and codec.direct_bits
+                       and len(readers) == 1 and main.decodes_into else None)
+        direct: set[int] = set()
         try:
             tasks = []  # one task list over all parts, so the pool sees every chunk at once
             for sfx, r in readers.items():
                 loaded[sfx], missing = r.take(r.chunk_ids(start, stop))
-                tasks += [(sfx, i) for i in missing]
+                if direct_into is not None:
+                    R = r.chunk_rows
+                    direct = {i for i in missing if start <= i * R and (i + 1) * R <= stop}
+                    tasks += [(None, i) for i in sorted(direct)]
+                tasks += [(sfx, i) for i in missing if i not in direct]
+
+            def load(task: tuple[str | None, int]) -> None:
+                sfx, i = task
+                if sfx is None:
+                    R = main.chunk_rows
+                    main.load_into(i, direct_into[i * R - start: (i + 1) * R - start])
+                else:
+                    loaded[sfx][i] = readers[sfx].load(i)
+
             if pool is None or len(tasks) < 2:
-                results = [readers[sfx].load(i) for sfx, i in tasks]
+                for t in tasks:
+                    load(t)
             else:
-                results = list(pool.map(lambda t: readers[t[0]].load(t[1]), tasks))
-            for (sfx, i), entry in zip(tasks, results):
-                loaded[sfx][i] = entry
+                list(pool.map(load, tasks))
 
             cuts = sorted({start, stop, *(b for r in readers.values() for b in r.boundaries(start, stop))})
 
@@ -284,7 +303,7 @@ class ShardHandle:
                 else:
                     codec.decode(parts, out=dst)
 
-            segments = list(zip(cuts[:-1], cuts[1:]))
+            segments = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if a // main.chunk_rows not in direct]
             if pool is None or len(segments) < 2:
                 for ab in segments:
                     piece(ab)

@@ -182,7 +182,7 @@ def run(cfg: DemoConfig) -> DemoResult:
     progress.note(f"{len(train_records)} train / {len(eval_records)} eval prompts from {prompt_file}")
 
     common = dict(target=target, gguf_file=gguf_file, backend="hf", regenerate=True,
-                  max_new_tokens=sizes["max_new_tokens"], temperature=0.0, topk=32, hidden_codec="bf16",
+                  max_new_tokens=sizes["max_new_tokens"], temperature=0.0, topk=32, hidden_codec="bf16-blosc",
                   batch_size=8, device=cfg.device, dtype="float32", max_length=1024, seed=cfg.seed,
                   progress=cfg.progress, num_workers=1, worker_index=0)
     progress.stage("train store", f"greedy responses of the target, {sizes['max_new_tokens']} tokens max")

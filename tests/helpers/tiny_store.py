@@ -41,7 +41,7 @@ def _prompts(num_samples: int) -> list[dict]:
 
 
 def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, num_samples: int = 8,
-                    max_new_tokens: int = 16, topk: int = 8, hidden_codec: str = "bf16",
+                    max_new_tokens: int = 16, topk: int = 8, hidden_codec: str = "bf16-blosc",
                     final_hidden: bool = False, regenerate: bool = True,
                     layers: tuple[int, ...] | None = None) -> Path:
     """Build a store at ``out_dir`` from ``model_dir`` (a tiny HF model folder) and return its path.

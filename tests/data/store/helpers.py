@@ -9,7 +9,7 @@ from osprey_data.store import SampleRecord, StoreHeader, TapLayers, TargetIdenti
 VOCAB, D, K, TAPS = 500, 64, 8, (2, 3, 5)
 
 
-def make_header(codec: str = "bf16", *, final_hidden: bool = False, config_hash: str = "cfg",
+def make_header(codec: str = "bf16-blosc", *, final_hidden: bool = False, config_hash: str = "cfg",
                 topk: int = K) -> StoreHeader:
     target = TargetIdentity(name_or_path="tiny-llama", model_type="llama", config_hash=config_hash,
                             tokenizer_hash="tok", vocab_size=VOCAB, hidden_size=D, num_layers=6,

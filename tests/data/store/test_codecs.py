@@ -20,13 +20,14 @@ def _massive(N=256, L=3, D=576, seed=0):
     return x
 
 
-def test_bf16_bits_match_torch_rounding_and_are_lossless_for_bf16():
+@pytest.mark.parametrize("name", ["bf16-blosc", "bf16"])
+def test_bf16_bits_match_torch_rounding_and_are_lossless_for_bf16(name):
     x = np.random.default_rng(1).standard_normal((10, 3, 32)).astype(np.float32) * 100
     ref = torch.from_numpy(x).to(torch.bfloat16)
     bits = to_bf16_bits(x)
     assert bits.dtype == np.uint16
     np.testing.assert_array_equal(bf16_bits_to_float32(bits), ref.float().numpy())
-    codec = HIDDEN_CODECS["bf16"]
+    codec = HIDDEN_CODECS[name]
     parts = codec.encode(ref)
     assert torch.equal(codec.decode_torch(parts), ref)
     np.testing.assert_array_equal(codec.decode(parts), ref.float().numpy())

@@ -31,10 +31,10 @@ def _write_small_chunks(path: Path, codec: str, monkeypatch, n=12, final_hidden=
 
 def _expected(codec: str, x) -> np.ndarray:
     c = HIDDEN_CODECS[codec]
-    return bf16_round(x) if codec == "bf16" else c.decode(c.encode(x))
+    return bf16_round(x) if codec.startswith("bf16") else c.decode(c.encode(x))
 
 
-@pytest.mark.parametrize("codec", ["bf16", "fp8"])
+@pytest.mark.parametrize("codec", ["bf16-blosc", "bf16", "fp8"])
 def test_multi_chunk_samples_same_with_1_and_2_threads(tmp_path, monkeypatch, codec):
     recs = _write_small_chunks(tmp_path / "s", codec, monkeypatch)
     r1 = StoreReader(str(tmp_path / "s"), decode_threads=1)
@@ -62,25 +62,47 @@ def test_multi_chunk_samples_same_with_1_and_2_threads(tmp_path, monkeypatch, co
     assert validate_store(str(tmp_path / "s")).ok
 
 
-def test_corruption_in_a_decode_thread_names_shard_and_sample(tmp_path, monkeypatch):
-    _write_small_chunks(tmp_path / "s", "bf16", monkeypatch, final_hidden=False)
+def test_bf16_blosc_whole_chunks_decompress_straight_into_the_torch_output(tmp_path, monkeypatch):
+    recs = _write_small_chunks(tmp_path / "s", "bf16-blosc", monkeypatch)
+    direct = []
+    load_into = zarrio.ChunkedArrayReader.load_into
+
+    def spy(self, i, dst):
+        direct.append((self.rel_dir, i))
+        return load_into(self, i, dst)
+
+    monkeypatch.setattr(zarrio.ChunkedArrayReader, "load_into", spy)
+    for threads in (1, 2):
+        r = StoreReader(str(tmp_path / "s"), decode_threads=threads)
+        for i in [*range(len(recs)), 5, 2]:
+            s = r.sample(i, as_torch=True)
+            assert torch.equal(s.hidden_TLD, torch.from_numpy(recs[i].hidden_TLD).to(torch.bfloat16))
+            assert torch.equal(s.final_hidden_TD, torch.from_numpy(recs[i].final_hidden_TD).to(torch.bfloat16))
+    assert {d for d, _ in direct} == {"tokens.zarr/hidden", "tokens.zarr/final_hidden"}
+    assert len(direct) > 20
+
+
+@pytest.mark.parametrize("codec,array", [("bf16", "hidden_lo"), ("bf16-blosc", "hidden")])
+@pytest.mark.parametrize("as_torch", [False, True])  # bf16-blosc + torch: straight into the output
+def test_corruption_in_a_decode_thread_names_shard_and_sample(tmp_path, monkeypatch, codec, array, as_torch):
+    _write_small_chunks(tmp_path / "s", codec, monkeypatch, final_hidden=False)
     shard = next(p for p in (tmp_path / "s" / "shards").iterdir() if not p.name.startswith("."))
-    chunk = shard / "tokens.zarr" / "hidden_lo" / "c" / "5" / "0" / "0"  # raw mantissa bytes
+    chunk = shard / "tokens.zarr" / array / "c" / "5" / "0" / "0"  # hidden_lo: raw mantissa bytes
     data = bytearray(chunk.read_bytes())
-    data[3] ^= 0x01
+    data[-3] ^= 0x01
     chunk.write_bytes(bytes(data))
     r = StoreReader(str(tmp_path / "s"), decode_threads=2)
-    bad = [i for i in range(len(r)) if _raises(r, i)]
+    bad = [i for i in range(len(r)) if _raises(r, i, as_torch)]
     assert bad, "the flipped bit was not detected"
-    with pytest.raises(StoreCorruptError, match=r"sample \d+ .*w000of001-000000.*hidden_lo/c/5/0/0.*CRC32C"):
-        r.sample(bad[0])
+    with pytest.raises(StoreCorruptError, match=rf"sample \d+ .*w000of001-000000.*{array}/c/5/0/0.*CRC32C"):
+        r.sample(bad[0], as_torch=as_torch)
     report = validate_store(str(tmp_path / "s"))
     assert not report.ok and "CRC32C" in str(report.problems[0])
 
 
-def _raises(r: StoreReader, i: int) -> bool:
+def _raises(r: StoreReader, i: int, as_torch: bool = False) -> bool:
     try:
-        r.sample(i)
+        r.sample(i, as_torch=as_torch)
     except StoreCorruptError:
         return True
     return False
@@ -125,7 +147,7 @@ def test_decode_threads_must_be_positive(tmp_path):
         StoreReader(str(tmp_path / "nothing"), decode_threads=0)
 
 
-@pytest.mark.parametrize("codec", ["bf16", "fp8"])
+@pytest.mark.parametrize("codec", ["bf16-blosc", "bf16", "fp8"])
 def test_codec_decode_into_out(codec):
     c = HIDDEN_CODECS[codec]
     x = make_record(3, T=9, outliers=True).hidden_TLD

@@ -21,9 +21,10 @@ def _write(url, records, header, **kw):
     return url
 
 
-def test_bf16_roundtrip_exact_and_random_access(tmp_path):
+@pytest.mark.parametrize("codec", ["bf16-blosc", "bf16"])
+def test_bf16_roundtrip_exact_and_random_access(tmp_path, codec):
     recs = [make_record(i, final_hidden=True) for i in range(25)]
-    _write(str(tmp_path / "s"), recs, make_header("bf16", final_hidden=True), shard_max_tokens=60)
+    _write(str(tmp_path / "s"), recs, make_header(codec, final_hidden=True), shard_max_tokens=60)
     r = StoreReader(str(tmp_path / "s"))
     assert len(r) == 25 and r.num_tokens == sum(len(x.token_ids) for x in recs)
     assert r.num_shards > 3  # several shards, so shard lookup is exercised
@@ -43,13 +44,16 @@ def test_bf16_roundtrip_exact_and_random_access(tmp_path):
         r.sample(25)
 
 
-def test_torch_bf16_input_is_stored_bit_exactly(tmp_path):
+@pytest.mark.parametrize("codec", ["bf16-blosc", "bf16"])
+def test_torch_bf16_input_is_stored_bit_exactly(tmp_path, codec):
     rec = make_record(0, T=9)
     h = torch.randn(9, len(TAPS), D, dtype=torch.float32).mul(3).to(torch.bfloat16)
+    h[0, 0, :4] = torch.tensor([float("-0.0"), 1e-40, -3.0e38, 26624.0])  # signed zero, subnormal, extremes
     rec.hidden_TLD = h
-    _write(str(tmp_path / "s"), [rec], make_header("bf16"))
+    _write(str(tmp_path / "s"), [rec], make_header(codec))
     s = StoreReader(str(tmp_path / "s")).sample(0, as_torch=True)
-    assert s.hidden_TLD.dtype == torch.bfloat16 and torch.equal(s.hidden_TLD, h)
+    assert s.hidden_TLD.dtype == torch.bfloat16
+    assert torch.equal(s.hidden_TLD.view(torch.int16), h.view(torch.int16))  # bit-exact
     assert s.token_ids.dtype == torch.int32 and s.loss_mask.dtype == torch.bool
     assert s.topk_logprobs_TK.dtype == torch.float32
 
@@ -106,9 +110,18 @@ def test_reader_is_read_only(tmp_path):
 
 
 def test_zarr_package_reads_our_arrays(tmp_path):
+    """Both lossless layouts are plain Zarr v3 arrays: the default one-array bf16-blosc and
+    the byte planes of bf16 (older stores)."""
     import zarr
 
     recs = [make_record(i, T=50) for i in range(5)]
+    _write(str(tmp_path / "b"), recs, make_header("bf16-blosc"))
+    shard = StoreReader(str(tmp_path / "b")).manifest.shards[0].shard_id
+    bits = zarr.open_group(str(tmp_path / "b" / "shards" / shard / "tokens.zarr"), mode="r")["hidden"][:]
+    assert bits.dtype == np.uint16 and bits.shape == (250, len(TAPS), D)
+    ref = np.concatenate([bf16_round(x.hidden_TLD) for x in recs])
+    np.testing.assert_array_equal((bits.astype(np.uint32) << 16).view(np.float32), ref)
+
     _write(str(tmp_path / "s"), recs, make_header("bf16"))
     r = StoreReader(str(tmp_path / "s"))
     shard = r.manifest.shards[0].shard_id
