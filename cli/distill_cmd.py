@@ -29,6 +29,8 @@ __all__ = ["distill"]
               help="Target HF folder for --target-dist full (default: the store's target path).")
 @click.option("--tokens-per-batch", type=int, default=4096, show_default=True,
               help="Token budget of one packed micro-batch.")
+@click.option("--prefetch", type=int, default=2, show_default=True,
+              help="Micro-batches read from the store ahead of training, on a background thread (0 = off).")
 @click.option("--attention", type=click.Choice(["auto", "flex", "sdpa", "eager"]), default="auto",
               show_default=True, help="TTT attention implementation (auto: flex on CUDA, else sdpa).")
 @click.option("--train-embeddings", is_flag=True, help="Also train the input embedding (frozen by default).")

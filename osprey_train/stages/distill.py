@@ -26,6 +26,7 @@ from osprey_data.errors import ConfigError, ModelError
 from osprey_data.store import StoreReader
 from osprey_data.target import check_compatible
 from osprey_train.distill_data.packing import StorePacker
+from osprey_train.distill_data.prefetch import BatchPrefetcher
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.models import load_drafter, save_drafter
 from osprey_train.models.io import read_drafter_config
@@ -67,6 +68,9 @@ class DistillConfig:
     """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
     tokens_per_batch: int = 4096
     """Token budget of one packed micro-batch (one row of whole samples, no padding)."""
+    prefetch: int = 2
+    """Micro-batches read and packed ahead of training on a background thread (0 = off): the
+    step never waits on the store. Batches are identical either way; memory: this many batches."""
     attention: str = "auto"
     """TTT attention: auto (flex on CUDA, else sdpa), flex, sdpa or eager."""
     freeze_embeddings: bool = True
@@ -85,6 +89,7 @@ class DistillConfig:
             (0.0 < self.ttt_decay <= 1.0, f"--ttt-decay must be in (0, 1], got {self.ttt_decay!r}"),
             (self.target_dist in ("tail", "renorm", "full"), f"--target-dist must be tail, renorm or full, got {self.target_dist!r}"),
             (self.tokens_per_batch >= 2, f"--tokens-per-batch must be >= 2, got {self.tokens_per_batch}"),
+            (isinstance(self.prefetch, int) and self.prefetch >= 0, f"--prefetch must be >= 0, got {self.prefetch!r}"),
             (self.attention in _ATTN, f"--attention must be one of {_ATTN}, got {self.attention!r}"),
             (self.loss_chunk >= 1, f"loss_chunk must be >= 1, got {self.loss_chunk}"),
             (self.eval_samples >= 0 and self.eval_draft_steps >= 1, "eval_samples >= 0 and eval_draft_steps >= 1"),
@@ -140,6 +145,7 @@ class DistillTask:
                               f"{cfg.store} has none (use tail or renorm, or rebuild with final hidden)")
         self.packer = StorePacker(self.reader, cfg.tokens_per_batch, seed=cfg.loop.seed,
                                   need_final_hidden=cfg.target_dist == "full")
+        self.prefetcher = None
         self.target_head = None
         if cfg.target_dist == "full":
             path = cfg.target_model or self.reader.header.target.name_or_path
@@ -173,7 +179,14 @@ class DistillTask:
         model.checkpoint_steps = True
 
     def batch(self, step: int, micro: int, rank: int, world_size: int):
-        return self.packer.batch((step * self.cfg.loop.grad_accum + micro) * world_size + rank)
+        index = (step * self.cfg.loop.grad_accum + micro) * world_size + rank
+        if self.cfg.prefetch == 0:
+            return self.packer.batch(index)
+        if self.prefetcher is None:
+            # this rank asks for index, index + world_size, ...; the run ends before `stop`
+            self.prefetcher = BatchPrefetcher(self.packer.batch, depth=self.cfg.prefetch, stride=world_size,
+                                              stop=self.cfg.loop.max_steps * self.cfg.loop.grad_accum * world_size)
+        return self.prefetcher.get(index)
 
     def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, float]]:
         return model(batch)

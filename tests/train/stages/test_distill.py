@@ -95,6 +95,22 @@ def test_distill_runs_on_builder_store_with_metrics_and_resume(tmp_path, builder
     assert again["loss"] == pytest.approx(train[-1]["loss"], rel=1e-6)
 
 
+def test_prefetch_changes_nothing_but_speed(tmp_path, builder_store):
+    """Batches prepared on the prefetch thread train exactly like batches built on demand
+    (the resume test above runs with the default prefetch, so resume stays exact with it)."""
+    from safetensors.torch import load_file
+
+    drafter = make_drafter_dir(tmp_path / "drafter", store=builder_store)
+    runs = {n: run(_cfg(tmp_path / f"p{n}", drafter, builder_store, max_steps=4, tokens_per_batch=64, prefetch=n))
+            for n in (0, 3)}
+    losses = {n: [r["loss"] for r in _records(tmp_path / f"p{n}" / "run") if r["kind"] == "train"] for n in runs}
+    assert len(losses[0]) == 4 and losses[0] == losses[3]
+    w0, w3 = (load_file(str(runs[n].final_dir / "model.safetensors")) for n in (0, 3))
+    assert all(torch.equal(w0[k], w3[k]) for k in w0)
+    with pytest.raises(ConfigError, match="--prefetch"):
+        _cfg(tmp_path, drafter, builder_store, prefetch=-1)
+
+
 def test_distilled_drafter_beats_its_initialization(tmp_path, greedy_setup):
     drafter = make_drafter_dir(tmp_path / "drafter", seed=5)
     reader = StoreReader(str(greedy_setup))
