@@ -39,7 +39,9 @@ from osprey_data.store import (
 from osprey_data.store.codecs import bf16_bits_to_float32, to_bf16_bits
 from osprey_data.store.pool import DEFAULT_DECODE_THREADS
 
-PROMPTS = Path(__file__).resolve().parents[1].parent / "shared/data/prompts/chat.eval.jsonl"
+# shared/ sits beside the checkout (a worktree under wt/ has it one level further up)
+PROMPTS = next((p for p in (Path(__file__).resolve().parents[i] / "shared/data/prompts/chat.eval.jsonl"
+                            for i in (2, 3)) if p.exists()), Path("shared/data/prompts/chat.eval.jsonl"))
 DEFAULT_CODEC = "bf16-blosc"
 OUTLIER_CHANNELS = (1234, 2345, 3001)
 
