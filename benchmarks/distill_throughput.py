@@ -88,15 +88,15 @@ def _one_run(kind: str, drafter: Path, store: Path, out: Path, args, batches: di
             tokens.append(b.num_tokens)
             return b
 
-    cfg = distill.DistillConfig(drafter=drafter, store=str(store), out=out, steps=args.tp_steps,
-                                tokens_per_batch=args.tp_tokens, ttt_steps=5, device="cpu", distributed="none",
-                                progress=False, log_every=10_000, attention="sdpa", target_dist="renorm",
-                                prefetch=0 if kind == "no_prefetch" else 2)
-    from osprey_train.trainer import LoopConfig, OptimConfig, train
+    from osprey_train.trainer import LoopConfig
+    from osprey_train.trainer.loop import train
 
-    loop = LoopConfig(out_dir=cfg.out, max_steps=cfg.steps, device="cpu", distributed="none", progress=False,
+    loop = LoopConfig(out_dir=out, max_steps=args.tp_steps, device="cpu", distributed="none", progress=False,
                       log_every=10_000, plot=False, keep_checkpoints=1)
-    train(Task(cfg), loop, OptimConfig(lr=cfg.lr))
+    cfg = distill.DistillConfig(drafter=drafter, store=str(store), loop=loop, tokens_per_batch=args.tp_tokens,
+                                ttt_steps=5, attention="sdpa", target_dist="renorm",
+                                prefetch=0 if kind == "no_prefetch" else 2)
+    train(Task(cfg), loop, cfg.optim)
     span = stamps[-1] - stamps[1]
     return sum(tokens[1:-1]) / span, sum(waits[1:-1]) / span
 
