@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +32,10 @@ from osprey_data.store.pool import DEFAULT_DECODE_THREADS
 from osprey_data.store.records import Sample
 from osprey_data.store.shard import TABLE_SCHEMA, ShardHandle
 
-__all__ = ["StoreReader"]
+__all__ = ["StoreReader", "SHARDS_WITH_CHUNKS"]
+
+# Shards whose decoded chunks a reader keeps (a few MB per array each), most recent first.
+SHARDS_WITH_CHUNKS = 4
 
 
 class StoreReader:
@@ -49,6 +53,7 @@ class StoreReader:
         self.manifest: Manifest = read_manifest(self.fs)
         self._starts = np.cumsum([0] + [s.num_samples for s in self.manifest.shards]).tolist()
         self._handles: dict[int, ShardHandle] = {}
+        self._with_chunks: OrderedDict[int, None] = OrderedDict()
         self._id_index: dict[str, int] | None = None
 
     # --- summary ------------------------------------------------------------------------
@@ -78,6 +83,14 @@ class StoreReader:
             h = ShardHandle(self.fs, self.header, self.manifest.shards[k],
                             decode_threads=self.decode_threads)
             self._handles[k] = h
+        # Random access (a distill epoch's shuffled order) visits every shard; each keeps a few
+        # decoded chunks per array, so only the most recent shards keep theirs (their commit
+        # record and table stay: reopening costs nothing but the chunks read next).
+        self._with_chunks[k] = None
+        self._with_chunks.move_to_end(k)
+        while len(self._with_chunks) > SHARDS_WITH_CHUNKS:
+            old, _ = self._with_chunks.popitem(last=False)
+            self._handles[old].release_chunks()
         return h
 
     # --- random access ------------------------------------------------------------------
@@ -132,6 +145,7 @@ class StoreReader:
             for row in range(info.num_samples):
                 yield self._sample(k, row, as_torch=as_torch)
             self._handles.pop(k, None)  # free the shard's chunk cache
+            self._with_chunks.pop(k, None)
 
     def __iter__(self) -> Iterator[Sample]:
         return self.iter_samples()

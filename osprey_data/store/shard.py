@@ -198,6 +198,11 @@ class ShardHandle:
             self._readers[name] = r
         return r
 
+    def release_chunks(self) -> None:
+        """Drop every array reader with its cached and recycled chunk buffers (memory); the
+        commit record and table stay, and the next read starts afresh."""
+        self._readers.clear()
+
     def table(self) -> pa.Table:
         if self._table is None:
             data = self.reader("topk_ids").read_verified(TABLE_FILE)

@@ -182,3 +182,21 @@ def test_decode_pool_works_in_a_forked_child(tmp_path, monkeypatch):
     p.join(timeout=60)
     assert p.exitcode == 0
     assert got == parent.tobytes()
+
+
+def test_random_access_keeps_decoded_chunks_of_few_shards(tmp_path):
+    """A shuffled epoch visits every shard: only the most recent ones keep their chunk buffers."""
+    from osprey_data.store.reader import SHARDS_WITH_CHUNKS
+
+    recs = [make_record(i, T=12) for i in range(40)]
+    with StoreWriter(str(tmp_path / "s"), make_header(), shard_max_tokens=30) as w:
+        for r in recs:
+            w.add(r)
+    r = StoreReader(str(tmp_path / "s"))
+    assert r.num_shards > 3 * SHARDS_WITH_CHUNKS
+    for i in np.random.default_rng(0).permutation(len(recs)).tolist() * 2:
+        s = r.sample(i, as_torch=True)
+        assert torch.equal(s.hidden_TLD, torch.from_numpy(bf16_round(recs[i].hidden_TLD)).to(torch.bfloat16))
+        live = [k for k, h in r._handles.items() if h._readers]
+        assert len(live) <= SHARDS_WITH_CHUNKS
+    assert len(r._handles) == r.num_shards  # commit records and tables stay
