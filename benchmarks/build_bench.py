@@ -135,8 +135,7 @@ def hf_generate_seconds(model, prompt_ids: list[list[int]], batch_size: int, max
 
 
 def regen_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict:
-    import torch
-
+    """Builder regeneration (generation + features + write) vs ``generate``, rounds interleaved."""
     from osprey_data.builder import BuildConfig, run
     from osprey_data.builder.backends.hf import HFBackend
     from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
