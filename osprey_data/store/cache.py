@@ -9,9 +9,11 @@ Safety:
 
 * cached copies are keyed by shard id AND the commit record's sha256: a shard rebuilt under
   the same id is another key, never a stale hit;
-* a copy read from the cache is checked against the commit record (size + CRC32C; the commit
-  record itself against the manifest's sha256); a damaged copy is dropped and fetched again,
-  so a broken local disk never passes for a corrupt store;
+* a copy read from the cache is checked against the commit record (the commit record itself
+  against the manifest's sha256; tables and metadata by size + CRC32C; chunks by size here,
+  since the reader CRC-checks every chunk it decodes anyway — when that check fails on a
+  cached shard, ``StoreReader`` drops the shard's copy and reads the store again); a damaged
+  copy is dropped and fetched again, so a broken local disk never passes for a corrupt store;
 * files are written by temp file + rename: several processes may share one cache folder;
 * ``manifest.json`` and journals are never cached (readers always see the current manifest).
 
@@ -104,17 +106,23 @@ class ShardFileCache:
         return self.dir / f"{info.shard_id}-{info.commit_sha256[:16]}"
 
     def get(self, info: ShardInfo, rel: str, entry: dict[str, Any] | None = None) -> bytes | None:
-        """The cached copy of ``rel`` in shard ``info`` when present and intact, else None.
-        ``entry`` (size + CRC from the commit record) checks it; the commit record itself is
-        checked against the manifest's sha256."""
+        """The cached copy of ``rel`` in shard ``info`` when present and intact, else None
+        (a damaged copy is deleted). ``entry`` is the file's size + CRC from the commit record;
+        the commit record itself is checked against the manifest's sha256."""
         p = self.shard_dir(info) / rel
         try:
             with open(p, "rb") as f:
                 data = f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        ok = (hashlib.sha256(data).hexdigest() == info.commit_sha256 if rel == COMMIT_FILE
-              else entry is not None and _intact(data, entry))
+        if rel == COMMIT_FILE:
+            ok = hashlib.sha256(data).hexdigest() == info.commit_sha256
+        elif entry is None:
+            ok = False
+        elif "/c/" in rel:  # a chunk: the reader's own CRC check follows (see the module doc)
+            ok = len(data) == entry["bytes"]
+        else:
+            ok = _intact(data, entry)
         if not ok:  # damaged or stale local copy: fetch again
             p.unlink(missing_ok=True)
             return None
@@ -132,6 +140,12 @@ class ShardFileCache:
             f.write(data)
         os.replace(tmp, p)
         self._account(len(data), keep=info)
+
+    def drop(self, info: ShardInfo) -> None:
+        """Forget every cached file of a shard (a copy failed its check)."""
+        shutil.rmtree(self.shard_dir(info), ignore_errors=True)
+        with self._lock:
+            self._bytes = None  # rescanned at the next insert
 
     def touch(self, info: ShardInfo) -> None:
         """Mark a shard as just used (eviction removes the least recently used first)."""

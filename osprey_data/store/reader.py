@@ -115,6 +115,18 @@ class StoreReader:
         return self.sample(i)
 
     def _sample(self, k: int, row: int, *, as_torch: bool) -> Sample:
+        try:
+            return self._read_sample(k, row, as_torch=as_torch)
+        except StoreCorruptError:
+            if self.cache is None:
+                raise
+            # Cached chunks are CRC-checked by the read itself (not twice): a damaged local copy
+            # must not pass for a corrupt store, so drop the shard's copy and read the store again.
+            self.cache.drop(self.manifest.shards[k])
+            self._handles.pop(k, None)
+            return self._read_sample(k, row, as_torch=as_torch)
+
+    def _read_sample(self, k: int, row: int, *, as_torch: bool) -> Sample:
         h = self.shard(k)
         rec = h.row(row)
         a, n = int(rec["row_offset"]), int(rec["num_tokens"])
