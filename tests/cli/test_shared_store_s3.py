@@ -1,7 +1,7 @@
 """A store shared through object storage, end to end over a real S3 protocol endpoint.
 
-Two builder worker processes write one ``s3://`` store (one is SIGKILLed right before a shard
-commit and resumed), merges race, then a reader whose credentials cannot write validates,
+Two builder workers in two processes write one ``s3://`` store at the same time (one is
+SIGKILLed right before a shard commit and resumed), merges race, then a reader whose credentials cannot write validates,
 inspects, distills and evaluates from it — and every result equals the same build on local
 disk. Credentials live only in the environment: no file written anywhere and no output
 contains them.
@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import fsspec
@@ -23,7 +24,8 @@ from safetensors.torch import load_file
 
 from cli.main import cli
 from osprey_data.build import BuildConfig, run
-from osprey_data.store import StoreReader, merge_store, validate_store
+from osprey_data.store import merge_store, validate_store
+from osprey_data.store.fs import StoreFS
 from tests.data.build.conftest import PROMPTS, write_jsonl
 from tests.helpers.s3_server import use_identity
 from tests.train.evaluation.store_util import make_drafter_dir
@@ -57,19 +59,21 @@ def test_two_workers_kill_resume_merge_then_read_only_training_equals_local(
         run(BuildConfig(**{**kw, "out": str(local), "worker_index": k}))
     merge_store(str(local))
 
-    # Two worker processes on the endpoint; worker 1 dies by SIGKILL before its 2nd commit record.
-    env = {**os.environ, **s3_endpoint.env("writer")}
-    procs = []
-    for k in (0, 1):
-        worker = ["tests.cli._build_worker", json.dumps({**kw, "out": s3_url, "worker_index": k})]
-        cmd = [sys.executable, "-m", *(["tests.helpers.killable"] if k == 1 else []), *worker]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env={**env, "OSPREY_TEST_KILL_BEFORE_COMMIT": "2"} if k == 1 else env))
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        outputs += [out, err]
-    assert procs[0].returncode == 0, outputs[-4:]
-    assert procs[1].returncode == -9, outputs[-2:]
+    # Two workers on the endpoint at once, in two processes: worker 1 in a child process (it dies
+    # by SIGKILL right before its 2nd commit record), worker 0 in this one once worker 1 has
+    # opened the store (its journal exists), so both are writing at the same time.
+    env = {**os.environ, **s3_endpoint.env("writer"), "OSPREY_TEST_KILL_BEFORE_COMMIT": "2"}
+    worker1 = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.killable", "tests.cli._build_worker",
+         json.dumps({**kw, "out": s3_url, "worker_index": 1})],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    fs = StoreFS(s3_url, read_only=True)
+    deadline = time.time() + 120
+    while not fs.exists("workers/w001of002.json") and worker1.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    outputs.append(run(BuildConfig(**{**kw, "out": s3_url, "worker_index": 0})).format())
+    outputs += worker1.communicate(timeout=300)
+    assert worker1.returncode == -9, outputs[-2:]
 
     objs = _objects(s3_url)
     leftover = "shards/w001of002-000001/"
