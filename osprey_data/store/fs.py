@@ -123,8 +123,9 @@ class StoreFS:
         except PermissionError as exc:
             raise StoreReadOnlyError(
                 f"{self.where(rel)}: the storage refused to {what} ({type(exc).__name__}: {exc}). "
-                f"The credentials in use can only read {self.url}; run this command with write "
-                "access, or use read-only commands (validate, inspect, train, eval)") from None
+                f"{self.url} is read-only for this process (credentials, bucket policy or mount); "
+                "run this command with write access — reading commands (validate, inspect, "
+                "train, eval) need none") from None
 
     def _fresh(self, p: str) -> None:
         # Listings are cached per filesystem instance; other processes change the store, so a

@@ -133,11 +133,11 @@ def test_two_workers_kill_resume_merge_then_read_only_training_equals_local(
     # Commands that must write get a clear refusal naming the store, exit 2, before any work.
     res = _invoke(["data", "merge", s3_url], [])
     outputs.append(res.output)
-    assert res.exit_code == 2 and s3_url in res.output and "can only read" in res.output, res.output
+    assert res.exit_code == 2 and s3_url in res.output and "read-only for this process" in res.output, res.output
     res = CliRunner().invoke(cli, ["data", "build", "--target", str(tiny_llama_dir), "--input", str(inputs),
                                    "--out", s3_url, "--device", "cpu"])
     outputs.append(res.output)
-    assert res.exit_code == 2 and s3_url in res.output and "can only read" in res.output, res.output
+    assert res.exit_code == 2 and s3_url in res.output and "read-only for this process" in res.output, res.output
 
     # No credential anywhere: not in the bucket, not in any file written, not in any output.
     use_identity(monkeypatch, s3_endpoint, "writer")
