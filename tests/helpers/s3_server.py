@@ -17,6 +17,7 @@ test run leaves no server behind. Needs the ``test`` and ``s3`` extras (moto[ser
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -116,6 +117,7 @@ def _serve() -> None:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     print(f"PORT {server.get_host_and_port()[1]}", flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nobody reads the pipe any more: never block on it
     sys.stdin.read()  # until the parent closes stdin (or dies)
     server.stop()
 
