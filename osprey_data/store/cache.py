@@ -36,12 +36,13 @@ import os
 import queue
 import shutil
 import threading
-import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
 import google_crc32c
 
+from osprey_data.atomic import temp_name
 from osprey_data.errors import ConfigError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import ShardInfo
@@ -64,8 +65,6 @@ def _intact(data: bytes, entry: dict[str, Any]) -> bool:
         return False
     if "crc32c" in entry:
         return google_crc32c.value(data) == entry["crc32c"]
-    import zlib
-
     return zlib.crc32(data) == entry["crc32"]
 
 
@@ -139,13 +138,21 @@ class ShardFileCache:
         return os.path.isfile(self._file(info, rel))
 
     def put(self, info: ShardInfo, rel: str, data: bytes) -> None:
-        """Store a copy (already verified by the caller) atomically."""
+        """Store a copy (already verified by the caller) atomically.
+
+        Temp file + rename like :mod:`osprey_data.atomic`, but without its fsyncs: a cached copy
+        needs no durability (one torn by a power loss fails its check and is fetched again),
+        and an fsync per chunk would slow down the first epoch."""
         p = self.shard_dir(info) / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp-{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
+        tmp = temp_name(p)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self._account(len(data), keep=info)
 
     def drop(self, info: ShardInfo) -> None:

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from osprey_data.build import BuildConfig, run
+from osprey_data.builder import BuildConfig, run
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # two workers share the test machine's cores

@@ -22,11 +22,11 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from cli.main import cli
-from osprey_data.build import BuildConfig, run
+from osprey_cli.main import cli
+from osprey_data.builder import BuildConfig, run
 from osprey_data.store import merge_store, validate_store
 from osprey_data.store.fs import StoreFS
-from tests.data.build.conftest import PROMPTS, write_jsonl
+from tests.data.conftest import PROMPTS, write_jsonl
 from tests.helpers.s3_server import use_identity
 from tests.train.evaluation.store_util import make_drafter_dir
 
