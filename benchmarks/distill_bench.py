@@ -37,6 +37,18 @@ turns ``--tp-repeats`` times (median). Rates run from the start of step 1 to the
 last step (as in ``pretrain_bench``). Goal: from the store <= 5 % slower than from memory.
 
 Usage: ``python benchmarks/distill_bench.py [--scale 8] [--vocab-scale 8] [--seqs 512,1024,2048,4096]``
+
+``--mode remote [--quick] [--out DIR]``: reading for distillation from a store on object
+storage vs the same store on local disk. A local S3 endpoint (moto's server over HTTP, as in
+the tests; needs the ``test`` and ``s3`` extras) holds a copy of a synthetic store (hidden 1024,
+3 taps, top-64, bf16 codec, 256-512-token samples); every epoch of the trainer's data path
+(``StorePacker`` batches: shuffled samples, packed) is timed from the local copy and from
+``s3://`` through the local shard cache with prefetch. Epoch 1 from S3 downloads everything
+(one epoch straight from S3 without the cache shows what the cache buys); then the endpoint
+is stopped and the later epochs read only the cache, local and cached reads taking turns batch
+by batch: the goal is <= 10 % slower than local (median of per-epoch wall ratios; CPU-time
+ratios shown too, being less sensitive to other load on the machine). Writes ``remote_read.md`` to ``--out``.
+
 ``[--mode memory|throughput|all] [--quick]`` (``--quick``: < 60 s: osprey at seqs 512,1024 and
 naive at 512 only — no checkpointed or attention-only runs, so no checkpointed estimate, and the
 extrapolation from such short sequences is rough — and a short throughput run). Ends with one ``RESULT`` line holding the figures of the sections run.
@@ -204,6 +216,121 @@ def params_full() -> tuple[int, int]:
     return trainable, frozen
 
 
+# --- remote store reading (--mode remote) -----------------------------------------------------
+
+
+def _remote_store(local: str, remote: str, *, samples: int, T: int, D: int, shard_tokens: int) -> None:
+    """The same synthetic store written to ``local`` and ``remote``."""
+    import numpy as np
+
+    from osprey_data.store import SampleRecord, StoreHeader, StoreWriter, TapLayers, TargetIdentity
+
+    vocab, K, taps = 32000, 64, (2, 14, 27)
+    header = StoreHeader(
+        target=TargetIdentity(name_or_path="bench-target", model_type="llama", config_hash="bench",
+                              tokenizer_hash="bench", vocab_size=vocab, hidden_size=D, num_layers=30,
+                              dtype="bfloat16"),
+        taps=TapLayers(layer_ids=taps), topk=K, hidden_codec="bf16", has_final_hidden=False,
+        chat_template_hash="bench", generation={"greedy": True}, build_fingerprint="bench",
+        build_config={"bench": True}, builder_version="bench")
+    writers = [StoreWriter(url, header, shard_max_tokens=shard_tokens) for url in (local, remote)]
+    rng = np.random.default_rng(0)
+    for i in range(samples):
+        n = int(rng.integers(T // 2, T + 1))
+        hidden = (rng.standard_normal((n, len(taps), D)) * rng.uniform(0.5, 4.0, D)).astype(np.float32)
+        rec = SampleRecord(
+            sample_id=f"s{i:05d}", domain="bench", source="bench", conversation=[], prompt_length=n // 4,
+            token_ids=rng.integers(0, vocab, n).astype(np.int32), loss_mask=np.arange(n) >= n // 4,
+            finish_reason="stop", hidden_TLD=hidden, topk_ids_TK=rng.integers(0, vocab, (n, K)).astype(np.int32),
+            topk_logprobs_TK=-np.sort(rng.random((n, K)).astype(np.float32) * 8, axis=1))
+        for w in writers:
+            w.add(rec)
+    for w in writers:
+        w.close()
+
+
+def _epoch_s(readers: list, epoch: int, tokens_per_batch: int) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of one epoch of the distill data path (packed, shuffled batches) for
+    each reader. With several readers they take turns batch by batch (alternating who goes
+    first), so load from other processes hits all of them alike."""
+    from osprey_train.distill_data.packing import StorePacker
+
+    packers = [StorePacker(r, tokens_per_batch, seed=0) for r in readers]
+    first = sum(len(packers[0].plan(e).rows) for e in range(epoch))
+    totals = [[0.0, 0.0] for _ in readers]
+    for row in range(len(packers[0].plan(epoch).rows)):
+        order = range(len(readers)) if row % 2 == 0 else reversed(range(len(readers)))
+        for k in order:
+            t0, c0 = time.perf_counter(), time.process_time()
+            packers[k].batch(first + row)
+            totals[k][0] += time.perf_counter() - t0
+            totals[k][1] += time.process_time() - c0
+    return [tuple(t) for t in totals]
+
+
+def remote_bench(args) -> None:
+    import statistics
+    import tempfile
+    import uuid
+
+    try:
+        from tests.helpers.s3_server import start_s3_endpoint
+    except ImportError as exc:
+        raise SystemExit(f"--mode remote needs the test and s3 extras (pip install -e '.[test,s3]'): {exc}")
+    from osprey_data.store import StoreReader
+    from osprey_data.store.cache import PREFETCHER
+
+    samples, epochs = (96, 9) if args.quick else (192, 13)
+    D, T, shard_tokens, tpb = 1024, 512, 4096, 4096
+    out = args.out or tempfile.mkdtemp(prefix="distill-remote-")
+    work = tempfile.mkdtemp(prefix="distill-remote-work-")
+    endpoint = start_s3_endpoint()
+    try:
+        os.environ.update(endpoint.env("writer"))  # credentials from the environment, as in production
+        local, remote = os.path.join(work, "store"), f"s3://{endpoint.bucket}/bench-{uuid.uuid4().hex[:6]}/store"
+        t0 = time.perf_counter()
+        _remote_store(local, remote, samples=samples, T=T, D=D, shard_tokens=shard_tokens)
+        print(f"wrote {samples} samples (hidden {D}, 3 taps, top-64) locally and to {remote} "
+              f"in {time.perf_counter() - t0:.1f} s", flush=True)
+        local_r = StoreReader(local)
+        cached_r = StoreReader(remote, cache=os.path.join(work, "cache"))
+        plain_r = StoreReader(remote, cache=False)
+        mb = sum(sh.num_bytes for sh in local_r.manifest.shards) / 1e6
+        print(f"{local_r.num_tokens} tokens, {local_r.num_shards} shards, {mb:.0f} MB stored; "
+              f"{tpb} tokens per batch", flush=True)
+        first = (_epoch_s([local_r], 0, tpb)[0], _epoch_s([cached_r], 0, tpb)[0])
+        PREFETCHER.wait(600)
+        plain = _epoch_s([plain_r], 0, tpb)[0]
+    finally:
+        endpoint.stop()  # later epochs can only be served by the local cache
+    print(f"epoch 1: local {first[0][0]:.2f} s, s3 + cache {first[1][0]:.2f} s (downloads); "
+          f"s3 without cache {plain[0]:.2f} s; endpoint stopped", flush=True)
+    rows = []
+    for e in range(1, epochs):
+        t_local, t_remote = _epoch_s([local_r, cached_r], e, tpb)
+        rows.append((e + 1, t_local, t_remote))
+        print(f"epoch {e + 1}: local {t_local[0]:.2f} s, s3 + cache {t_remote[0]:.2f} s "
+              f"({t_remote[0] / t_local[0]:.2f}x wall, {t_remote[1] / t_local[1]:.2f}x CPU)", flush=True)
+    wall = statistics.median(r[0] / lo[0] for _, lo, r in rows)
+    cpu = statistics.median(r[1] / lo[1] for _, lo, r in rows)
+    total = sum(r[0] for _, _, r in rows) / sum(lo[0] for _, lo, _ in rows)
+    lines = ["| epoch | local s (CPU s) | s3 + cache s (CPU s) | wall ratio | CPU ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {e} | {lo[0]:.2f} ({lo[1]:.2f}) | {r[0]:.2f} ({r[1]:.2f}) | {r[0] / lo[0]:.3f} | {r[1] / lo[1]:.3f} |"
+              for e, lo, r in [(1, *first), *rows]]
+    lines += [f"| 1, s3 without cache | {first[0][0]:.2f} | {plain[0]:.2f} | {plain[0] / first[0][0]:.3f} | |", "",
+              f"epochs >= 2 (endpoint stopped, cache only): median wall ratio {wall:.3f}, median CPU ratio "
+              f"{cpu:.3f}, total wall ratio {total:.3f} (goal <= 1.10)"]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "remote_read.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {os.path.join(out, 'remote_read.md')}")
+    print(f"RESULT mode=remote tokens={local_r.num_tokens} mb={mb:.0f} local_epoch_s={min(lo[0] for _, lo, _ in rows):.2f} "
+          f"s3_first_epoch_ratio={first[1][0] / first[0][0]:.2f} s3_no_cache_ratio={plain[0] / first[0][0]:.2f} "
+          f"s3_cached_wall_ratio={wall:.3f} s3_cached_cpu_ratio={cpu:.3f} s3_cached_total_ratio={total:.3f} "
+          f"goal_met={wall <= 1.10}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker")
@@ -214,13 +341,20 @@ def main() -> None:
     ap.add_argument("--seqs", default="512,1024,2048,4096")
     ap.add_argument("--naive-max", type=int, default=4096, help="largest T run with the naive implementation")
     ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--mode", choices=["memory", "throughput", "all"], default="all")
-    ap.add_argument("--quick", action="store_true", help="< 60 s: seqs 512,1024 and a short throughput run")
+    ap.add_argument("--mode", choices=["memory", "throughput", "all", "remote"], default="all",
+                    help="memory: peak memory vs naive; throughput: store vs in-memory batches; all: both; "
+                         "remote: reading a store on S3 (+ cache) vs local disk")
+    ap.add_argument("--quick", action="store_true", help="< 60 s: seqs 512,1024 and a short throughput run; "
+                                                         "remote: a smaller store")
     ap.add_argument("--tp-steps", type=int, default=12, help="throughput: optimizer steps per run")
     ap.add_argument("--tp-repeats", type=int, default=3, help="throughput: runs of each contender")
     ap.add_argument("--tp-tokens", type=int, default=2048, help="throughput: tokens per packed micro-batch")
+    ap.add_argument("--out", default=None, help="remote: folder for remote_read.md (default: temp)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.mode == "remote":
+        remote_bench(args)
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.T, args.scale, args.vocab_scale, args.ckpt)))
         return

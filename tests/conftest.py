@@ -53,6 +53,31 @@ def tiny_qwen3_dir(tmp_path_factory, tiny_tokenizer):
     return make_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), tiny_tokenizer)
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A local S3 endpoint over HTTP (moto server) with a bucket, a writer and a reader user."""
+    from tests.helpers.s3_server import start_s3_endpoint
+
+    endpoint = start_s3_endpoint()
+    yield endpoint
+    endpoint.stop()
+
+
+@pytest.fixture()
+def s3_url(s3_endpoint, monkeypatch, tmp_path, request):
+    """A fresh ``s3://`` store URL; this process talks to the endpoint as the writer, with its
+    credentials in the environment only, and caches remote shards under ``tmp_path``."""
+    import re
+    import uuid
+
+    from tests.helpers.s3_server import use_identity
+
+    use_identity(monkeypatch, s3_endpoint, "writer")
+    monkeypatch.setenv("OSPREY_STORE_CACHE", str(tmp_path / "store-cache"))
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:40]
+    return f"s3://{s3_endpoint.bucket}/{name}-{uuid.uuid4().hex[:8]}/store"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
     """Every test model is tiny: one thread is faster than two spin-waiting OpenMP threads on a

@@ -1,10 +1,11 @@
 """``run(config)``: the builder's main loop — inputs in, a feature store out.
 
 Order of work: read and check every input first (a malformed line fails before a multi-GB
-model is loaded), load the backend, open the store (refusing, with the differing setting named,
-a store built with another content-affecting config), then process this worker's samples in
-fixed batches: generate the assistant turns round by round, lay out the sequence + mask, apply
-the length policy, prefill for features, write.
+model is loaded), check that the store location accepts writes, load the backend, open the
+store (refusing, with the differing setting named, a store built with another
+content-affecting config), then process this worker's samples in fixed batches: generate the
+assistant turns round by round, lay out the sequence + mask, apply the length policy, prefill
+for features, write.
 
 Layout: a sample whose final assistant turn was generated is stored as the prompt ids the target
 was fed for it followed by the generated ids verbatim (stop token included, no template closing
@@ -38,6 +39,7 @@ from osprey_data.conversation import ChatRenderer, InputSample, RenderedSample, 
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, ModelError, StoreNotFoundError
 from osprey_data.store import StoreHeader, StoreReader, StoreWriter
 from osprey_data.target import TapLayers, chat_template_hash, default_tap_layers
+from osprey_data.store.fs import StoreFS
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
 
@@ -314,6 +316,8 @@ def run(config: BuildConfig) -> BuildSummary:
     """Build (or resume building) the store ``config.out``; returns the summary."""
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
+    # Refused writes (read-only credentials or mount) fail now, not after loading the target.
+    StoreFS(config.out, storage_options=config.storage_options, read_only=False).check_writable()
     backend = BACKENDS[config.backend](config)
     try:
         renderer = ChatRenderer(backend.tokenizer, stop_ids=backend.stop_ids,

@@ -8,23 +8,70 @@ touch fsspec directly. Atomicity differs by backend and is decided here:
   renamed in one step.
 * object stores (``s3://``, ``memory://``, ...): a single object PUT is atomic, directories do
   not exist, so files are written in place and a shard counts as committed only once its
-  ``_COMMIT.json`` (written last) exists — and is visible only once listed by the manifest.
+  ``_COMMIT.json`` (written last, create-only) exists — and is visible only once listed by the
+  manifest.
 
-A read-only StoreFS refuses every mutating call with StoreReadOnlyError (readers use it).
+``manifest.json`` is the one file several processes may replace (merges, a single writer). It is
+updated by compare-and-swap (:meth:`StoreFS.read_for_update` / :meth:`StoreFS.replace_if_unchanged`):
+on S3 with conditional PUTs (``If-Match`` on the ETag read, ``If-None-Match: *`` to create), on
+local disk under an ``flock`` with a content check, in ``memory://`` under a process lock. Other
+fsspec backends get a check-then-write with a warning that it is not atomic.
+
+A read-only StoreFS refuses every mutating call with StoreReadOnlyError (readers use it); a
+write the storage itself refuses (read-only credentials or mount) is a StoreReadOnlyError too,
+naming the location. Credentials never appear in messages: they come from the environment or
+fsspec's configuration, and a URL with an embedded password is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from osprey_data.atomic import write_bytes
-from osprey_data.errors import StoreError, StoreNotFoundError, StoreReadOnlyError
+from osprey_data.errors import ConfigError, StoreError, StoreNotFoundError, StoreReadOnlyError
 
-__all__ = ["StoreFS"]
+__all__ = ["StoreFS", "Versioned"]
+
+# memory:// lives in this process: one lock serialises its compare-and-swap updates.
+_MEMORY_LOCK = threading.Lock()
+_LOCK_FILE = ".osprey.lock"
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether an s3fs error is the server's 412 (a conditional PUT lost a race); s3fs turns it
+    into FileExistsError (If-None-Match) or a plain OSError (If-Match), keeping the cause."""
+    if isinstance(exc, FileExistsError):
+        return True
+    seen = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error", {})
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return err.get("Code") in ("PreconditionFailed", "412") or status == 412
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A file's content (None: absent) and the version token a conditional replace checks."""
+
+    data: bytes | None
+    token: str | None
 
 
 class StoreFS:
@@ -33,6 +80,12 @@ class StoreFS:
     def __init__(self, url: str, *, storage_options: dict | None = None, read_only: bool) -> None:
         self.url = str(url)
         self.read_only = read_only
+        parts = urlsplit(self.url)
+        if parts.scheme and parts.password is not None:
+            # the URL ends up in manifests' error messages, logs and reports
+            raise ConfigError(f"store URL {parts.scheme}://{parts.hostname}{parts.path} embeds credentials; "
+                              "remove them and pass credentials through the environment (e.g. "
+                              "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or fsspec's configuration")
         try:
             self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         except (ImportError, ValueError) as exc:
@@ -40,6 +93,11 @@ class StoreFS:
                              "(for s3:// install the 's3' extra)") from None
         self.root = root.rstrip("/") or "/"
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        self.is_memory = "memory" in protocols
+        self.is_s3 = "s3" in protocols
+        self.is_remote = not (self.is_local or self.is_memory)
+        """Data crosses a network: worth a local cache (see ``cache.py``)."""
 
     # --- paths --------------------------------------------------------------------------
 
@@ -54,9 +112,42 @@ class StoreFS:
         if self.read_only:
             raise StoreReadOnlyError(f"refusing to {what} in {self.url}: opened read-only")
 
+    @contextlib.contextmanager
+    def _writing(self, rel: str, what: str) -> Iterator[None]:
+        """Turn the storage's own refusal (read-only credentials, bucket policy, read-only
+        mount) into one clear error naming the location; the storage's message is kept (it
+        names the denied action, never the credentials)."""
+        self._check_writable(what)
+        try:
+            yield
+        except PermissionError as exc:
+            raise StoreReadOnlyError(
+                f"{self.where(rel)}: the storage refused to {what} ({type(exc).__name__}: {exc}). "
+                f"{self.url} is read-only for this process (credentials, bucket policy or mount); "
+                "run this command with write access — reading commands (validate, inspect, "
+                "train, eval) need none") from None
+
+    def _fresh(self, p: str) -> None:
+        # Listings are cached per filesystem instance; other processes change the store, so a
+        # cached listing would hide their journals and shards.
+        if not self.is_local:
+            self.fs.invalidate_cache(p)
+
+    def check_writable(self) -> None:
+        """Fail now, naming the store, when its storage refuses writes or deletes (a probe
+        object is written and removed) — before hours of work that would end in a refused write."""
+        rel = f".osprey-write-probe-{uuid.uuid4().hex[:12]}"
+        with self._writing(rel, "write"):
+            if self.is_local:
+                os.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(self.path(rel), b"probe")
+        with self._writing(rel, "delete"):
+            self.fs.rm_file(self.path(rel))
+
     # --- reads ----------------------------------------------------------------------------
 
     def exists(self, rel: str) -> bool:
+        self._fresh(self.path(rel))
         return bool(self.fs.exists(self.path(rel)))
 
     def read_bytes(self, rel: str) -> bytes:
@@ -82,6 +173,7 @@ class StoreFS:
     def listdir(self, rel: str) -> list[str]:
         """Names (not paths) directly under ``rel``; empty when it does not exist."""
         p = self.path(rel)
+        self._fresh(p)
         try:
             entries = self.fs.ls(p, detail=False)
         except FileNotFoundError:
@@ -96,6 +188,7 @@ class StoreFS:
     def walk_files(self, rel: str) -> list[str]:
         """All files under ``rel`` as paths relative to ``rel``."""
         base = self.path(rel).rstrip("/")
+        self._fresh(base)
         try:
             found = self.fs.find(base)
         except FileNotFoundError:
@@ -112,46 +205,135 @@ class StoreFS:
     # --- writes ---------------------------------------------------------------------------
 
     def makedirs(self, rel: str) -> None:
-        self._check_writable("create a directory")
-        if self.is_local:
-            os.makedirs(self.path(rel), exist_ok=True)
+        with self._writing(rel, "create a directory"):
+            if self.is_local:
+                os.makedirs(self.path(rel), exist_ok=True)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Plain write (inside a not-yet-committed shard)."""
-        self._check_writable("write")
-        if self.is_local:
-            p = self.path(rel)
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            with open(p, "wb") as f:
-                f.write(data)
-        else:
-            self.fs.pipe_file(self.path(rel), data)
+        with self._writing(rel, "write"):
+            if self.is_local:
+                p = self.path(rel)
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                with open(p, "wb") as f:
+                    f.write(data)
+            else:
+                self.fs.pipe_file(self.path(rel), data)
 
-    def write_atomic(self, rel: str, data: bytes) -> None:
-        """Replace ``rel`` so readers see the old or the new content, never a mix."""
-        self._check_writable("write")
+    def write_atomic(self, rel: str, data: bytes, *, create_only: bool = False) -> None:
+        """Replace ``rel`` so readers see the old or the new content, never a mix.
+
+        ``create_only``: fail with ``FileExistsError`` when ``rel`` exists (on S3 checked by
+        the server: ``If-None-Match: *``), e.g. a shard's commit record, which is never replaced.
+        """
+        with self._writing(rel, "write"):
+            p = self.path(rel)
+            if create_only and self.is_s3:
+                try:
+                    self.fs.pipe_file(p, data, IfNoneMatch="*")
+                except OSError as exc:
+                    if _precondition_failed(exc):
+                        raise FileExistsError(self.where(rel)) from None
+                    raise
+            elif create_only:
+                with self._update_lock():
+                    if self.exists(rel):
+                        raise FileExistsError(self.where(rel))
+                    self._replace(p, data)
+            else:
+                self._replace(p, data)
+
+    def _replace(self, p: str, data: bytes) -> None:
         if self.is_local:
-            write_bytes(self.path(rel), data)
+            write_bytes(p, data)
         else:
-            self.fs.pipe_file(self.path(rel), data)  # one PUT: atomic on object stores
+            self.fs.pipe_file(p, data)  # one PUT: atomic on object stores
+
+    # --- compare-and-swap (manifest.json) --------------------------------------------------
+
+    @contextlib.contextmanager
+    def _update_lock(self) -> Iterator[None]:
+        """Serialises conditional replaces where the storage cannot check a version itself."""
+        if self.is_local:
+            os.makedirs(self.root, exist_ok=True)
+            with open(self.path(_LOCK_FILE), "a+b") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        elif self.is_memory:
+            with _MEMORY_LOCK:
+                yield
+        else:
+            yield
+
+    def read_for_update(self, rel: str) -> Versioned:
+        """``rel``'s content and a version token for :meth:`replace_if_unchanged`.
+
+        On S3 the token is the ETag, read BEFORE the content: if the object changes in
+        between, the token is older than the content and the conditional PUT fails (safe);
+        the other order could pair new content with a stale-looking version.
+        """
+        p = self.path(rel)
+        self._fresh(p)
+        if self.is_s3:
+            try:
+                etag = self.fs.info(p)["ETag"]
+                return Versioned(self.fs.cat_file(p), etag)
+            except FileNotFoundError:
+                return Versioned(None, None)
+        try:
+            data = self.read_bytes(rel)
+        except StoreNotFoundError:
+            return Versioned(None, None)
+        return Versioned(data, hashlib.sha256(data).hexdigest())
+
+    def replace_if_unchanged(self, rel: str, data: bytes, token: str | None) -> bool:
+        """Write ``data`` to ``rel`` only if it still has version ``token`` (None: only if it
+        does not exist). False when another process changed it first; the caller re-reads."""
+        with self._writing(rel, "write"):
+            p = self.path(rel)
+            if self.is_s3:
+                try:
+                    if token is None:
+                        self.fs.pipe_file(p, data, IfNoneMatch="*")
+                    else:
+                        self.fs.pipe_file(p, data, IfMatch=token)
+                except OSError as exc:
+                    if _precondition_failed(exc):
+                        return False
+                    raise
+                finally:
+                    self._fresh(p)
+                return True
+            if not (self.is_local or self.is_memory):
+                warnings.warn(f"{self.url}: {self.fs.protocol} has no conditional write here; "
+                              f"{rel} is replaced by check-then-write, so concurrent merges are not "
+                              "safe on this storage (run one at a time)", stacklevel=2)
+            with self._update_lock():
+                if self.read_for_update(rel).token != token:
+                    return False
+                self._replace(p, data)
+                return True
 
     def rename_dir(self, src: str, dst: str) -> None:
-        self._check_writable("rename")
         if not self.is_local:
             raise StoreError("directory rename is only used on local stores")
-        os.rename(self.path(src), self.path(dst))
+        with self._writing(dst, "rename"):
+            os.rename(self.path(src), self.path(dst))
 
     def remove_tree(self, rel: str) -> None:
-        self._check_writable("delete")
-        if self.fs.exists(self.path(rel)):
-            self.fs.rm(self.path(rel), recursive=True)
+        with self._writing(rel, "delete"):
+            if self.exists(rel):
+                self.fs.rm(self.path(rel), recursive=True)
 
     def remove_file(self, rel: str) -> None:
-        self._check_writable("delete")
-        try:
-            self.fs.rm_file(self.path(rel))
-        except FileNotFoundError:
-            pass
+        with self._writing(rel, "delete"):
+            try:
+                self.fs.rm_file(self.path(rel))
+            except FileNotFoundError:
+                pass
 
     def info(self) -> dict[str, Any]:
         return {"url": self.url, "protocol": self.fs.protocol, "local": self.is_local}

@@ -2,23 +2,33 @@
 
 Each writer owns exactly one journal, ``workers/<worker>.json`` (schema
 ``store-worker-journal.v1.json``), that it atomically replaces after every committed shard; no
-file is ever written by two processes. Publishing (:func:`publish`) — rewriting
+journal or shard is ever written by two processes. Publishing (:func:`publish`) — rewriting
 ``manifest.json`` as the union of every journal's shards — happens only in one place: by the
 single writer itself when ``num_workers == 1``, or by an explicit ``merge_store``
 (:mod:`osprey_data.store.merge`, ``osprey data merge``) after (or even while) several workers
 write. It is idempotent: it recomputes the whole list each time.
+
+``manifest.json`` is the one file several processes may replace (two merges, a merge and a
+single writer), so :func:`publish` is a compare-and-swap loop: read the manifest with a version
+token (S3 ETag, or a content hash under a lock locally), compute the union of every journal
+AND the shards already visible, write only if the manifest is still that version, otherwise
+start over. The visible shard set therefore only grows: a merge that read the store before
+another merge published cannot overwrite it with an older list (no lost shard, no rename, no
+lock service; see ``fs.py`` for how each storage checks the version).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import random
+import time
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from osprey_data.errors import (FormatVersionError, ManifestMismatchError, SchemaError, StoreCorruptError,
-                                StoreNotFoundError)
+                                StoreError, StoreNotFoundError)
 from osprey_data.schema_check import validate
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import (
@@ -30,6 +40,10 @@ __all__ = ["MANIFEST_FILE", "read_manifest", "read_journal", "write_journal", "p
            "shard_sample_ids"]
 
 MANIFEST_FILE = "manifest.json"
+
+# Compare-and-swap attempts of one publish before giving up (each loser of a race retries
+# after a random, growing pause; dozens of merges at once still settle well within this).
+PUBLISH_ATTEMPTS = 40
 
 
 def journal_path(worker: str) -> str:
@@ -83,8 +97,9 @@ def shard_sample_ids(fs: StoreFS, shard_id: str) -> list[str]:
         raise StoreCorruptError(f"{fs.where(rel)}: unreadable ({exc})") from None
 
 
-def publish(fs: StoreFS, header: StoreHeader, *, check_duplicates: bool) -> Manifest:
-    """Rewrite manifest.json as the union of all worker journals (atomic replace)."""
+def _union(fs: StoreFS, header: StoreHeader, visible: list[ShardInfo], *, check_duplicates: bool,
+           sample_ids: dict[tuple[str, str], list[str]]) -> Manifest:
+    """The manifest listing every journal's shards; the ``visible`` ones must all be among them."""
     want = header_hash(header)
     shards: dict[str, ShardInfo] = {}
     num_errors = 0
@@ -103,17 +118,48 @@ def publish(fs: StoreFS, header: StoreHeader, *, check_duplicates: bool) -> Mani
             if info.shard_id in shards and shards[info.shard_id] != info:
                 raise StoreCorruptError(f"shard {info.shard_id} is claimed by two journals with different content")
             shards[info.shard_id] = info
+    for info in visible:  # shards visible before must stay visible, unchanged
+        if shards.get(info.shard_id) != info:
+            why = "lists it differently" if info.shard_id in shards else "does not list it (journal missing or rewritten)"
+            raise StoreCorruptError(f"{fs.where(MANIFEST_FILE)}: lists shard {info.shard_id} but the journal of "
+                                    f"worker {info.worker} {why}; restore workers/{info.worker}.json")
     ordered = [shards[k] for k in sorted(shards)]
     if check_duplicates:
         seen: dict[str, str] = {}
         for info in ordered:
-            for sid in shard_sample_ids(fs, info.shard_id):
+            key = (info.shard_id, info.commit_sha256)
+            if key not in sample_ids:
+                sample_ids[key] = shard_sample_ids(fs, info.shard_id)
+            for sid in sample_ids[key]:
                 if sid in seen:
                     raise StoreCorruptError(
                         f"sample {sid!r} is in both shard {seen[sid]} and shard {info.shard_id}; "
                         "two workers processed the same sample — delete one of the shards' journal "
                         "entries or rebuild one worker")
                 seen[sid] = info.shard_id
-    manifest = Manifest(header=header, shards=ordered, num_errors=num_errors)
-    fs.write_atomic(MANIFEST_FILE, json.dumps(manifest.to_dict(), indent=1).encode())
-    return manifest
+    return Manifest(header=header, shards=ordered, num_errors=num_errors)
+
+
+def publish(fs: StoreFS, header: StoreHeader, *, check_duplicates: bool) -> Manifest:
+    """Rewrite manifest.json as the union of all worker journals, by compare-and-swap.
+
+    Creates the manifest when absent. Retries (re-reading everything) when another process
+    replaced the manifest between our read and our write; never drops a visible shard.
+    """
+    sample_ids: dict[tuple[str, str], list[str]] = {}  # reused across attempts
+    for attempt in range(PUBLISH_ATTEMPTS):
+        current = fs.read_for_update(MANIFEST_FILE)
+        visible: list[ShardInfo] = []
+        if current.data is not None:
+            old = parse_manifest(current.data, where=fs.where(MANIFEST_FILE))
+            if old.header != header:
+                raise ManifestMismatchError(f"{fs.where(MANIFEST_FILE)}: the store's header differs from the "
+                                            "one being published (another build config wrote it)")
+            visible = old.shards
+        manifest = _union(fs, header, visible, check_duplicates=check_duplicates, sample_ids=sample_ids)
+        data = json.dumps(manifest.to_dict(), indent=1).encode()
+        if fs.replace_if_unchanged(MANIFEST_FILE, data, current.token):
+            return manifest
+        time.sleep(random.uniform(0.0, min(2.0, 0.01 * 2 ** attempt)))
+    raise StoreError(f"{fs.where(MANIFEST_FILE)}: changed by other processes {PUBLISH_ATTEMPTS} times while "
+                     "this merge was computing its update; nothing was lost — run the merge again")

@@ -5,6 +5,8 @@ running workers and anything else in the folder are invisible). Sample ``i`` is 
 binary search over the manifest's per-shard sample counts, so one sample costs reading one
 shard's small Parquet table (cached) plus the few chunks holding its rows — never a scan.
 Every byte is checked against the shard's ``_COMMIT.json`` CRCs; nothing is ever unpickled.
+Remote stores (``s3://`` ...) are read through a local cache of committed shard files with
+background prefetch of the shards being read and the next one (``cache.py``).
 
 Dtype policy: numpy outputs float32 hidden states (numpy has no bfloat16; decoding is exact);
 ``as_torch=True`` gives bfloat16 hidden tensors (what the store holds) and int32/bool/float32
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from osprey_data.errors import ConfigError, SampleNotFoundError, StoreCorruptError
+from osprey_data.store.cache import PREFETCHER, CachedShardFS, open_cache
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.journal import read_manifest
 from osprey_data.store.manifest import Manifest, StoreHeader
@@ -42,15 +46,22 @@ class StoreReader:
     """Read a store at a local path or fsspec URL (``memory://``, ``s3://`` ...)."""
 
     def __init__(self, url: str, *, storage_options: dict | None = None,
-                 decode_threads: int = DEFAULT_DECODE_THREADS) -> None:
+                 decode_threads: int = DEFAULT_DECODE_THREADS,
+                 cache: str | os.PathLike | bool | None = "auto", prefetch: bool = True) -> None:
         """``decode_threads``: threads decoding the chunks of one sample in parallel (shared
-        per process; 1 = decode inline, e.g. with many DataLoader workers)."""
+        per process; 1 = decode inline, e.g. with many DataLoader workers).
+        ``cache``: local copies of shard files — ``"auto"`` caches remote stores in
+        ``$OSPREY_STORE_CACHE`` (default ``~/.cache/osprey/stores``; ``off`` disables), a path
+        caches there (any store), ``False`` never. ``prefetch``: with a cache, download the
+        shard being read and the next one in the background."""
         if decode_threads < 1:
             raise ConfigError(f"decode_threads must be >= 1, got {decode_threads}")
         self.decode_threads = int(decode_threads)
         self.url = url
         self.fs = StoreFS(url, storage_options=storage_options, read_only=True)
         self.manifest: Manifest = read_manifest(self.fs)
+        self.cache = open_cache(self.fs, cache)
+        self.prefetch = bool(prefetch) and self.cache is not None
         self._starts = np.cumsum([0] + [s.num_samples for s in self.manifest.shards]).tolist()
         self._handles: dict[int, ShardHandle] = {}
         self._with_chunks: OrderedDict[int, None] = OrderedDict()
@@ -80,9 +91,12 @@ class StoreReader:
     def shard(self, k: int) -> ShardHandle:
         h = self._handles.get(k)
         if h is None:
-            h = ShardHandle(self.fs, self.header, self.manifest.shards[k],
+            h = ShardHandle(self._shard_fs(k), self.header, self.manifest.shards[k],
                             decode_threads=self.decode_threads)
             self._handles[k] = h
+            if self.prefetch:  # the rest of this shard, and the next one, in the background
+                for j in (k, k + 1)[: self.num_shards - k]:
+                    PREFETCHER.request(self._shard_fs(j))
         # Random access (a distill epoch's shuffled order) visits every shard; each keeps a few
         # decoded chunks per array, so only the most recent shards keep theirs (their commit
         # record and table stay: reopening costs nothing but the chunks read next).
@@ -92,6 +106,9 @@ class StoreReader:
             old, _ = self._with_chunks.popitem(last=False)
             self._handles[old].release_chunks()
         return h
+
+    def _shard_fs(self, k: int) -> StoreFS | CachedShardFS:
+        return self.fs if self.cache is None else CachedShardFS(self.fs, self.cache, self.manifest.shards[k])
 
     # --- random access ------------------------------------------------------------------
 
@@ -111,6 +128,18 @@ class StoreReader:
         return self.sample(i)
 
     def _sample(self, k: int, row: int, *, as_torch: bool) -> Sample:
+        try:
+            return self._read_sample(k, row, as_torch=as_torch)
+        except StoreCorruptError:
+            if self.cache is None:
+                raise
+            # Cached chunks are CRC-checked by the read itself (not twice): a damaged local copy
+            # must not pass for a corrupt store, so drop the shard's copy and read the store again.
+            self.cache.drop(self.manifest.shards[k])
+            self._handles.pop(k, None)
+            return self._read_sample(k, row, as_torch=as_torch)
+
+    def _read_sample(self, k: int, row: int, *, as_torch: bool) -> Sample:
         h = self.shard(k)
         rec = h.row(row)
         a, n = int(rec["row_offset"]), int(rec["num_tokens"])

@@ -19,7 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from osprey_data.errors import ManifestMismatchError, SchemaError, StoreCorruptError, StoreNotFoundError
+from osprey_data.errors import (
+    ManifestMismatchError, SchemaError, StoreCorruptError, StoreError, StoreNotFoundError,
+)
 from osprey_data.schema_check import validate
 from osprey_data.store.codecs import HIDDEN_CODECS
 from osprey_data.store.fs import StoreFS
@@ -123,7 +125,13 @@ class ShardBuilder:
             "num_tokens": self.num_tokens, "arrays": arrays_meta, "files": self.files,
         }
         raw = json.dumps(commit, indent=1, sort_keys=True).encode()
-        self.fs.write_atomic(f"{self.rel_dir}/{COMMIT_FILE}", raw)
+        try:
+            # create-only on object stores: a committed shard is never replaced, so two processes
+            # running as the same worker fail here instead of overwriting each other's commit
+            self.fs.write_atomic(f"{self.rel_dir}/{COMMIT_FILE}", raw, create_only=not self.fs.is_local)
+        except FileExistsError:
+            raise StoreError(f"{self.fs.where(self.rel_dir)}: already committed by another process writing as "
+                             f"worker {self.worker}; run each worker index only once at a time") from None
         info = ShardInfo(
             shard_id=self.shard_id, worker=self.worker, num_samples=len(self.rows),
             num_tokens=self.num_tokens,

@@ -61,6 +61,7 @@ class StoreWriter:
         self.shard_max_tokens = shard_max_tokens
         self.worker = worker_name(worker_index, num_workers)
         self.fs = StoreFS(url, storage_options=storage_options, read_only=False)
+        self.fs.check_writable()  # read-only credentials fail here, naming the store, not at the first commit
         self._lock = threading.Lock()
         self._errors: list[dict] = []
         self._shards: list[ShardInfo] = []
@@ -87,8 +88,9 @@ class StoreWriter:
                     f"differing field(s): {'; '.join(diffs)}. Use another store or the same build config.")
         else:
             self.fs.makedirs("shards")
-            self.fs.write_atomic(MANIFEST_FILE, json.dumps(Manifest(header=self.header).to_dict(),
-                                                           indent=1).encode())
+            empty = json.dumps(Manifest(header=self.header).to_dict(), indent=1).encode()
+            if not self.fs.replace_if_unchanged(MANIFEST_FILE, empty, None):
+                self._open_or_create()  # another worker created it first: check its header
 
     def _recover(self) -> None:
         journal_file = f"{self.worker}.json"

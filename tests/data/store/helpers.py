@@ -43,3 +43,28 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16).to(torch.float32).numpy()
+
+
+def check_content(reader, ids_expected) -> None:
+    """The reader holds exactly the samples ``ids_expected`` (sample ids), with their values."""
+    ids = [s.sample_id for s in reader.iter_samples()]
+    assert sorted(ids) == sorted(ids_expected) and len(set(ids)) == len(ids)
+    for s in reader.iter_samples():
+        ref = make_record(int(s.sample_id.split("-")[1]))
+        np.testing.assert_array_equal(s.token_ids, ref.token_ids)
+        np.testing.assert_array_equal(s.hidden_TLD, bf16_round(ref.hidden_TLD))
+        np.testing.assert_array_equal(s.topk_logprobs_TK, ref.topk_logprobs_TK)
+
+
+def write_records(url: str, indices, *, worker: int = 0, num_workers: int = 1, shard_tokens: int = 60) -> None:
+    """Write ``make_record(i)`` for ``i`` in ``indices`` as one worker (bf16 header)."""
+    from osprey_data.store import StoreWriter
+
+    with StoreWriter(url, make_header("bf16"), worker_index=worker, num_workers=num_workers,
+                     shard_max_tokens=shard_tokens) as w:
+        for i in indices:
+            w.add(make_record(i))
+
+
+def ids(indices) -> list[str]:
+    return [make_record(i).sample_id for i in indices]

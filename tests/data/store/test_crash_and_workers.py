@@ -13,7 +13,7 @@ import pytest
 
 from osprey_data.errors import ManifestMismatchError, StoreCorruptError
 from osprey_data.store import StoreReader, StoreWriter, merge_store, validate_store
-from tests.data.store.helpers import bf16_round, make_header, make_record
+from tests.data.store.helpers import check_content, make_header, make_record
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -23,15 +23,6 @@ def _spawn(url, start, stop, worker=0, num_workers=1, shard_tokens=60, kill_at=-
         [sys.executable, "-m", "tests.data.store._writer_proc", str(url), str(start), str(stop),
          str(worker), str(num_workers), str(shard_tokens), str(kill_at)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _check_content(reader, ids_expected):
-    ids = [s.sample_id for s in reader.iter_samples()]
-    assert sorted(ids) == sorted(ids_expected) and len(set(ids)) == len(ids)
-    for s in reader.iter_samples():
-        ref = make_record(int(s.sample_id.split("-")[1]))
-        np.testing.assert_array_equal(s.token_ids, ref.token_ids)
-        np.testing.assert_array_equal(s.hidden_TLD, bf16_round(ref.hidden_TLD))
 
 
 def test_sigkill_mid_shard_then_resume(tmp_path):
@@ -47,7 +38,7 @@ def test_sigkill_mid_shard_then_resume(tmp_path):
     r = StoreReader(str(url))
     committed = [s.sample_id for s in r.iter_samples()]
     assert 0 < len(committed) < 21
-    _check_content(r, committed)
+    check_content(r, committed)
 
     w = StoreWriter(str(url), make_header("bf16"), shard_max_tokens=60)
     assert w.done_sample_ids() == set(committed)
@@ -58,7 +49,7 @@ def test_sigkill_mid_shard_then_resume(tmp_path):
             w.add(rec)
     w.close()
     r = StoreReader(str(url))
-    _check_content(r, [make_record(i).sample_id for i in range(30)])
+    check_content(r, [make_record(i).sample_id for i in range(30)])
     assert validate_store(str(url)).ok
 
 
@@ -92,7 +83,7 @@ def test_two_concurrent_worker_processes_then_merge(tmp_path):
     assert {s.worker for s in m.shards} == {"w000of002", "w001of002"}
     assert merge_store(str(url)).to_dict() == m.to_dict()  # idempotent
     r = StoreReader(str(url))
-    _check_content(r, [make_record(i).sample_id for i in range(40)])
+    check_content(r, [make_record(i).sample_id for i in range(40)])
     assert validate_store(str(url)).ok
 
 

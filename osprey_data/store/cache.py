@@ -1,0 +1,323 @@
+"""Local cache of a remote store's committed shard files, and background prefetch of shards.
+
+Training reads every sample once per epoch in a shuffled order; from object storage each read
+is several HTTP round trips. Committed shards never change — every file's size and CRC32C are
+in the shard's ``_COMMIT.json``, whose sha256 is in the manifest — so their files can be kept
+on local disk and read from there from the second touch on.
+
+Safety:
+
+* cached copies are keyed by shard id AND the commit record's sha256: a shard rebuilt under
+  the same id is another key, never a stale hit;
+* a copy read from the cache is checked against the commit record (the commit record itself
+  against the manifest's sha256; tables and metadata by size + CRC32C; chunks by size here,
+  since the reader CRC-checks every chunk it decodes anyway — when that check fails on a
+  cached shard, ``StoreReader`` drops the shard's copy and reads the store again); a damaged
+  copy is dropped and fetched again, so a broken local disk never passes for a corrupt store;
+* files are written by temp file + rename: several processes may share one cache folder;
+* ``manifest.json`` and journals are never cached (readers always see the current manifest).
+
+Layout: ``CACHE/<sha256(store url)[:16]>/<shard id>-<commit sha256[:16]>/<file in the shard>``
+(plus ``source.txt`` naming the store). Size: at most ``max_bytes`` per store; past it the
+least recently opened shards are deleted.
+
+Prefetch: when a reader opens shard ``k`` it asks one background thread to download all files
+of shards ``k`` and ``k + 1`` that are not cached yet (a few files per request, in parallel
+through fsspec's ``cat``), so sequential readers find the next shard local and shuffled ones
+get the rest of a shard in bulk after its first sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import shutil
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+
+from osprey_data.atomic import temp_name
+from osprey_data.errors import ConfigError
+from osprey_data.store.fs import StoreFS
+from osprey_data.store.manifest import ShardInfo
+
+__all__ = ["CACHE_ENV", "CACHE_MAX_ENV", "ShardFileCache", "CachedShardFS", "ShardPrefetcher", "PREFETCHER",
+           "open_cache", "default_cache_root"]
+
+CACHE_ENV = "OSPREY_STORE_CACHE"
+"""Cache folder for remote stores, or ``off``; default ``$OSPREY_CACHE/stores`` or
+``~/.cache/osprey/stores``."""
+CACHE_MAX_ENV = "OSPREY_STORE_CACHE_MAX_GB"
+"""Size limit per store in GB; default: half the free space of the cache's disk when opened."""
+
+COMMIT_FILE = "_COMMIT.json"  # same name as shard.COMMIT_FILE (shard imports this package's fs)
+_PREFETCH_BATCH = 8  # files fetched concurrently by one prefetch request (~2 MiB chunks each)
+
+
+def _intact(data: bytes, entry: dict[str, Any]) -> bool:
+    if len(data) != entry["bytes"]:
+        return False
+    if "crc32c" in entry:
+        return google_crc32c.value(data) == entry["crc32c"]
+    return zlib.crc32(data) == entry["crc32"]
+
+
+def default_cache_root() -> Path | None:
+    """Where remote stores are cached (None: caching turned off by ``OSPREY_STORE_CACHE=off``)."""
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env.lower() in ("off", "0", "none", "false"):
+        return None
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("OSPREY_CACHE")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "osprey") / "stores"
+
+
+class ShardFileCache:
+    """Local copies of committed shard files of one store."""
+
+    def __init__(self, root: str | os.PathLike, store_url: str, *, max_bytes: int | None = None) -> None:
+        self.dir = Path(root) / hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:16]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._root = str(self.dir)
+        source = self.dir / "source.txt"
+        if not source.exists():
+            source.write_text(store_url + "\n", encoding="utf-8")
+        if max_bytes is None:
+            env = os.environ.get(CACHE_MAX_ENV)
+            try:
+                max_bytes = int(float(env) * 1e9) if env else None
+            except ValueError:
+                raise ConfigError(f"{CACHE_MAX_ENV}={env!r}: expected a size in GB") from None
+        if max_bytes is None:
+            max_bytes = shutil.disk_usage(self.dir).free // 2 + self._scan()
+        if max_bytes <= 0:
+            raise ConfigError(f"store cache size limit must be positive, got {max_bytes} bytes")
+        self.max_bytes = int(max_bytes)
+        self._lock = threading.Lock()
+        self._bytes: int | None = None
+
+    def shard_dir(self, info: ShardInfo) -> Path:
+        return self.dir / f"{info.shard_id}-{info.commit_sha256[:16]}"
+
+    def _file(self, info: ShardInfo, rel: str) -> str:
+        # plain strings: this is on the read path of every cached chunk (pathlib costs ~10 us)
+        return f"{self._root}/{info.shard_id}-{info.commit_sha256[:16]}/{rel}"
+
+    def get(self, info: ShardInfo, rel: str, entry: dict[str, Any] | None = None) -> bytes | None:
+        """The cached copy of ``rel`` in shard ``info`` when present and intact, else None
+        (a damaged copy is deleted). ``entry`` is the file's size + CRC from the commit record;
+        the commit record itself is checked against the manifest's sha256."""
+        p = self._file(info, rel)
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if rel == COMMIT_FILE:
+            ok = hashlib.sha256(data).hexdigest() == info.commit_sha256
+        elif entry is None:
+            ok = False
+        elif "/c/" in rel:  # a chunk: the reader's own CRC check follows (see the module doc)
+            ok = len(data) == entry["bytes"]
+        else:
+            ok = _intact(data, entry)
+        if not ok:  # damaged or stale local copy: fetch again
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+            return None
+        return data
+
+    def has(self, info: ShardInfo, rel: str) -> bool:
+        return os.path.isfile(self._file(info, rel))
+
+    def put(self, info: ShardInfo, rel: str, data: bytes) -> None:
+        """Store a copy (already verified by the caller) atomically.
+
+        Temp file + rename like :mod:`osprey_data.atomic`, but without its fsyncs: a cached copy
+        needs no durability (one torn by a power loss fails its check and is fetched again),
+        and an fsync per chunk would slow down the first epoch."""
+        p = self.shard_dir(info) / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(p)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._account(len(data), keep=info)
+
+    def drop(self, info: ShardInfo) -> None:
+        """Forget every cached file of a shard (a copy failed its check)."""
+        shutil.rmtree(self.shard_dir(info), ignore_errors=True)
+        with self._lock:
+            self._bytes = None  # rescanned at the next insert
+
+    def touch(self, info: ShardInfo) -> None:
+        """Mark a shard as just used (eviction removes the least recently used first)."""
+        try:
+            os.utime(self.shard_dir(info))
+        except FileNotFoundError:
+            pass
+
+    def _scan(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.dir):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(dirpath, name))
+                except OSError:
+                    pass
+        return total
+
+    def _account(self, n: int, *, keep: ShardInfo) -> None:
+        with self._lock:
+            if self._bytes is None:
+                self._bytes = self._scan()
+            else:
+                self._bytes += n
+            if self._bytes <= self.max_bytes:
+                return
+            # Least recently opened shards first; never the one being filled.
+            keep_dir = self.shard_dir(keep)
+            dirs = sorted((d for d in self.dir.iterdir() if d.is_dir() and d != keep_dir),
+                          key=lambda d: d.stat().st_mtime)
+            target = int(self.max_bytes * 0.9)
+            for d in dirs:
+                if self._bytes <= target:
+                    break
+                size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+                shutil.rmtree(d, ignore_errors=True)
+                self._bytes -= size
+
+
+class CachedShardFS:
+    """Stands in for the store's :class:`StoreFS` under one shard's reader: files of the
+    committed shard come from the local cache, or from the store on a miss (then cached)."""
+
+    def __init__(self, fs: StoreFS, cache: ShardFileCache, info: ShardInfo) -> None:
+        self._fs, self._cache, self._info = fs, cache, info
+        self._prefix = f"shards/{info.shard_id}/"
+        self._entries: dict[str, dict[str, Any]] | None = None
+        cache.touch(info)
+
+    def __getattr__(self, name: str) -> Any:  # url, read_only, where, ... of the store
+        return getattr(self._fs, name)
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """The shard's files (size + CRC) from its verified commit record."""
+        if self._entries is None:
+            self.read_bytes(self._prefix + COMMIT_FILE)
+        return self._entries or {}
+
+    def read_bytes(self, rel: str) -> bytes:
+        if not rel.startswith(self._prefix):
+            return self._fs.read_bytes(rel)
+        inner = rel[len(self._prefix):]
+        if inner == COMMIT_FILE:
+            data = self._cache.get(self._info, COMMIT_FILE)
+            if data is None:
+                data = self._fs.read_bytes(rel)
+                if hashlib.sha256(data).hexdigest() != self._info.commit_sha256:
+                    return data  # the store's own copy is wrong: the shard reader reports it
+                self._cache.put(self._info, COMMIT_FILE, data)
+            try:
+                self._entries = dict(json.loads(data)["files"])
+            except (ValueError, KeyError, TypeError):
+                self._entries = {}  # malformed record: the shard reader reports it
+            return data
+        entry = self.entries().get(inner)
+        data = self._cache.get(self._info, inner, entry) if entry is not None else None
+        if data is None:
+            data = self._fs.read_bytes(rel)
+            if entry is not None and _intact(data, entry):
+                self._cache.put(self._info, inner, data)
+        return data
+
+    def prefetch(self) -> None:
+        """Download every file of the shard that is not cached yet (runs on the prefetch thread)."""
+        missing = [rel for rel in self.entries() if not self._cache.has(self._info, rel)]
+        for i in range(0, len(missing), _PREFETCH_BATCH):
+            batch = missing[i:i + _PREFETCH_BATCH]
+            paths = {self._fs.path(self._prefix + rel): rel for rel in batch}
+            got = self._fs.fs.cat(list(paths), on_error="omit")
+            for path, data in got.items():
+                rel = paths.get(path) or paths.get(path.lstrip("/"))
+                entry = self._entries.get(rel) if rel and self._entries else None
+                if entry is not None and isinstance(data, bytes) and _intact(data, entry):
+                    self._cache.put(self._info, rel, data)
+
+
+class ShardPrefetcher:
+    """One background thread downloading whole shards into caches, in the order requested.
+
+    Errors are swallowed on purpose: a prefetch is only a hint, and the foreground read of the
+    same file reports any real problem (missing, corrupt, denied) with its usual message.
+    Fork-safe: a child process (DataLoader worker) starts its own thread on first use.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._requested: set[tuple[str, str, str]] = set()
+
+    def request(self, shard_fs: CachedShardFS) -> None:
+        info = shard_fs._info
+        key = (str(shard_fs._cache.dir), info.shard_id, info.commit_sha256)
+        with self._cond:
+            if os.getpid() != self._pid:  # first use, or in a forked child
+                self._pid, self._pending = os.getpid(), 0
+                self._queue, self._requested = queue.Queue(), set()
+                threading.Thread(target=self._run, args=(self._queue,), name="osprey-prefetch",
+                                 daemon=True).start()
+            if key in self._requested:
+                return
+            self._requested.add(key)
+            self._pending += 1
+            self._queue.put(shard_fs)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every requested shard was handled (tests, benchmarks)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def _run(self, q: queue.Queue) -> None:
+        while True:
+            shard_fs = q.get()
+            try:
+                shard_fs.prefetch()
+            except Exception:  # noqa: BLE001 - see the class docstring
+                pass
+            with self._cond:
+                self._pending -= 1
+                self._cond.notify_all()
+
+
+PREFETCHER = ShardPrefetcher()
+"""The process's prefetch thread, shared by every reader."""
+
+
+def open_cache(fs: StoreFS, cache: str | os.PathLike | bool | None) -> ShardFileCache | None:
+    """The cache a reader of ``fs`` uses: ``None``/``"auto"`` = the default folder for remote
+    stores (none for local and ``memory://`` ones), ``False``/``"off"`` = none, a path = there."""
+    if cache is False or (isinstance(cache, str) and cache.lower() == "off"):
+        return None
+    if cache is None or cache is True or cache == "auto":
+        if not fs.is_remote and cache is not True:
+            return None
+        root = default_cache_root()
+        if root is None:
+            return None
+    else:
+        root = Path(cache).expanduser()
+    return ShardFileCache(root, fs.url)
