@@ -130,9 +130,9 @@ def naive_loss(model, b, steps, decay):
     """Full logits of every step kept alive, materialized TTT masks."""
     import torch
 
-    from osprey_train.ttt.unroll import initial_condition, shift_left, step_valid, ttt_hidden_states
+    from osprey_train.ttt.unroll import shift_left, step_valid, ttt_hidden_states
 
-    cond0 = initial_condition(model, b.taps_BTLDt, b.doc_ids_BT)
+    cond0 = model.fuse_taps(b.taps_BTLDt)
     hs = ttt_hidden_states(model, b.input_ids_BT, cond0, b.position_ids_BT, b.doc_ids_BT, steps, impl="naive")
     logits = [model.logits(h).float() for h in hs]      # K x [T, V] fp32, all alive
     total = 0.0

@@ -1,19 +1,20 @@
 """Packing store samples into fixed token budgets for TTT distillation.
 
-Each micro-batch is ONE row of whole samples laid end to end (document ids keep them apart in
-attention, positions restart at 0 per sample), filled greedily up to ``tokens_per_batch``: no
-padding at all, rows are as long as their samples. The order is a seeded permutation per epoch,
+Each micro-batch is ONE row of whole samples laid end to end in the engine layout
+(:mod:`osprey_train.ttt.layout`: slot ``p`` of a sample holds token ``x_{p+1}``, the target taps
+``c_p`` and position ``p``, so a sample of ``n`` tokens fills ``n - 1`` slots). Document ids keep
+samples apart in attention, positions restart at 0 per sample, and rows are filled greedily up
+to ``tokens_per_batch`` slots: no padding at all. The order is a seeded permutation per epoch,
 so ``batch(index)`` is a pure function of ``(seed, index)``, which makes resume exact and lets
 every rank take its own micro-batches (``index = (step * grad_accum + micro) * world + rank``).
 
-A sample longer than the budget is truncated to it (counted in ``PackPlan.truncated``); samples
-with fewer than 2 tokens predict nothing and are skipped.
+A sample with more slots than the budget is truncated to it (counted in ``PackPlan.truncated``);
+samples with fewer than 3 tokens have no slot to score and are skipped.
 
-Loss mask: the store marks *tokens* (assistant content + end of turn); the prediction made at
-position ``t`` is of token ``t + 1``, so the packed row's ``loss_mask[t] = store.loss_mask[t+1]``
-(0 at each sample's last position).
+Row contents per slot ``p``: ``input_ids = x_{p+1}``, ``taps = c_p``, target top-k / final hidden
+of store position ``p + 1`` (what predicts ``x_{p+2}``), ``loss_mask = store.loss_mask[p + 2]``.
 
-Legend: T tokens, L taps, Dt target hidden, K top-k.
+Legend: T tokens, P slots, L taps, Dt target hidden, K top-k.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from osprey_data.errors import ConfigError, StoreError
+from osprey_train.ttt.layout import MIN_DOCUMENT_TOKENS, num_slots, slot_inputs, slot_loss_mask, slot_targets
 from osprey_train.ttt.unroll import PackedBatch
 
 __all__ = ["PackPlan", "plan_epoch", "StorePacker", "pack_samples"]
@@ -39,17 +41,17 @@ class PackPlan:
 
 
 def plan_epoch(lengths: np.ndarray, tokens_per_batch: int, seed: int, epoch: int) -> PackPlan:
-    """Greedy in-order packing of a seeded permutation of the samples."""
+    """Greedy in-order packing of a seeded permutation of the samples (``lengths`` in tokens)."""
     order = np.random.default_rng([seed, epoch]).permutation(len(lengths))
     rows: list[list[int]] = []
     cur: list[int] = []
     used = 0
     plan = PackPlan(rows=rows)
     for i in order.tolist():
-        n = int(lengths[i])
-        if n < 2:
+        if int(lengths[i]) < MIN_DOCUMENT_TOKENS:
             plan.skipped += 1
             continue
+        n = num_slots(int(lengths[i]))
         if n > tokens_per_batch:
             plan.truncated += 1
             n = tokens_per_batch
@@ -64,26 +66,28 @@ def plan_epoch(lengths: np.ndarray, tokens_per_batch: int, seed: int, epoch: int
 
 
 def pack_samples(samples: list, tokens_per_batch: int, *, need_final_hidden: bool = False) -> PackedBatch:
-    """Lay ``samples`` (store ``Sample``s, ``as_torch=True``) end to end into one row."""
+    """Lay ``samples`` (store ``Sample``s, ``as_torch=True``) end to end into one row of slots."""
     ids, docs, pos, taps, mask, tids, tlps, finals = [], [], [], [], [], [], [], []
     for d, s in enumerate(samples):
-        n = min(int(s.token_ids.shape[0]), tokens_per_batch)
-        tok = torch.as_tensor(s.token_ids[:n]).long()
-        lm = torch.as_tensor(s.loss_mask[:n]).bool()
-        pred_mask = torch.zeros(n, dtype=torch.bool)
-        pred_mask[:-1] = lm[1:]
-        ids.append(tok)
-        docs.append(torch.full((n,), d, dtype=torch.long))
-        pos.append(torch.arange(n))
-        taps.append(torch.as_tensor(s.hidden_TLD[:n]))
-        mask.append(pred_mask)
-        tids.append(torch.as_tensor(s.topk_ids_TK[:n]).long())
-        tlps.append(torch.as_tensor(s.topk_logprobs_TK[:n]).float())
+        n = min(int(s.token_ids.shape[0]), tokens_per_batch + 1)  # at most tokens_per_batch slots
+        if n < MIN_DOCUMENT_TOKENS:
+            continue
+        p = num_slots(n)
+        ids_P, taps_PLDt = slot_inputs(torch.as_tensor(s.token_ids[:n]).long(), torch.as_tensor(s.hidden_TLD[:n]))
+        ids.append(ids_P)
+        docs.append(torch.full((p,), d, dtype=torch.long))
+        pos.append(torch.arange(p))
+        taps.append(taps_PLDt)
+        mask.append(slot_loss_mask(s.loss_mask[:n]))
+        tids.append(slot_targets(torch.as_tensor(s.topk_ids_TK[:n]).long()))
+        tlps.append(slot_targets(torch.as_tensor(s.topk_logprobs_TK[:n]).float()))
         if need_final_hidden:
             if s.final_hidden_TD is None:
                 raise StoreError(f"sample {s.sample_id!r} has no final_hidden; the store was built "
                                  "without it (use --target-dist tail or renorm)")
-            finals.append(torch.as_tensor(s.final_hidden_TD[:n]))
+            finals.append(slot_targets(torch.as_tensor(s.final_hidden_TD[:n])))
+    if not ids:
+        raise StoreError(f"pack_samples: none of the {len(samples)} samples has >= {MIN_DOCUMENT_TOKENS} tokens")
     cat = lambda xs: torch.cat(xs)[None]  # noqa: E731
     return PackedBatch(input_ids_BT=cat(ids), doc_ids_BT=cat(docs), position_ids_BT=cat(pos),
                        taps_BTLDt=cat(taps), loss_mask_BT=cat(mask), topk_ids_BTK=cat(tids),
@@ -107,9 +111,9 @@ class StorePacker:
         if self.tokens_per_batch < 2:
             raise ConfigError(f"tokens_per_batch must be >= 2, got {self.tokens_per_batch}")
         self._lengths = np.asarray(self.reader.table(["num_tokens"]).column(0).to_numpy(), dtype=np.int64)
-        if len(self._lengths) == 0 or int((self._lengths >= 2).sum()) == 0:
-            raise StoreError(f"store {getattr(self.reader, 'url', '?')} has no sample with >= 2 tokens "
-                             "to distill on")
+        if len(self._lengths) == 0 or int((self._lengths >= MIN_DOCUMENT_TOKENS).sum()) == 0:
+            raise StoreError(f"store {getattr(self.reader, 'url', '?')} has no sample with >= "
+                             f"{MIN_DOCUMENT_TOKENS} tokens to distill on")
 
     def plan(self, epoch: int) -> PackPlan:
         if epoch not in self._plans:

@@ -1,10 +1,11 @@
 """Training-Time-Test (TTT) attention: the attention pattern of an unrolled EAGLE-3 draft chain.
 
-Slot convention (used everywhere in ``osprey_train.ttt``): slot ``t`` of TTT step ``k`` holds the
-chain that starts at sequence position ``t``; at step ``k`` it processes the token at position
-``t + k``. In real speculative decoding that token attends to the drafter's KV cache of the
-accepted prefix (computed with target features, i.e. the *step-0* keys at positions ``<= t``) and
-to the keys of the tokens the chain itself drafted so far (steps ``1..k`` of the *same slot*).
+Slot convention (used everywhere in ``osprey_train.ttt``; what a slot holds is the engine layout
+of :mod:`osprey_train.ttt.layout`): slot ``t`` of TTT step ``k`` holds the chain that starts at
+slot ``t``; at step ``k`` it processes the token of slot ``t + k``. In real speculative decoding
+that token attends to the drafter's KV cache of the accepted prefix (computed with target
+features, i.e. the *step-0* keys at slots ``<= t``) and to the keys of the tokens the chain
+itself drafted so far (steps ``1..k`` of the *same slot*).
 So at step ``k`` the query of slot ``t`` sees:
 
 * step-0 keys at slots ``s <= t`` of the same document, and

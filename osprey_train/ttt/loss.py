@@ -81,6 +81,14 @@ class VocabMap:
             return target_ids.long()
         return self.target_to_draft_Vt[target_ids.long()]
 
+    def to_target_probs(self, probs_V: Tensor, target_vocab_size: int) -> Tensor:
+        """A distribution over draft ids scattered into the target vocabulary (zeros elsewhere)."""
+        if self.draft_to_target_V is None:
+            return probs_V
+        full_Vt = probs_V.new_zeros(target_vocab_size)
+        full_Vt[self.draft_to_target_V] = probs_V
+        return full_Vt
+
 
 def target_to_draft_map(draft_to_target_V: Tensor, target_vocab_size: int) -> Tensor:
     """Inverse of ``draft_to_target``: (Vt,) with the draft id of each target id, -1 if absent."""

@@ -1,24 +1,27 @@
 """The K-step Training-Time-Test unroll (EAGLE-3) and its loss ``sum_k decay^k CE_k``.
 
-Indexing (slot convention of :mod:`osprey_train.ttt.attention`; ``x`` tokens, ``c_t`` the fused
-target taps at position ``t``, all inside one document of a packed row):
+Indexing: the engine layout of :mod:`osprey_train.ttt.layout`, per document of a packed row.
+``x`` are the store's tokens, ``c_t`` the target taps at store position ``t``; slot ``p`` of a
+document holds what the packer put there:
 
-* step 0, slot ``t``: token ``x_t``, condition ``c_{t-1}`` (zeros at a document start: there is
-  no target feature before the first token), position ``t``; predicts ``x_{t+1}`` against the
-  target's distribution stored at position ``t``. Its output hidden ``h^0_t`` stands in for
-  ``c_t``.
-* step k >= 1, slot ``t``: token ``x_{t+k}`` (teacher forced), condition ``h^{k-1}_t`` (the
-  drafter's own step-(k-1) hidden of the same chain), position ``t + k``; predicts ``x_{t+k+1}``
-  against the target's distribution at ``t + k``; attends to step-0 keys at slots ``<= t`` and
-  to its own chain's keys of steps ``1..k``. Slots whose ``t + k`` leaves the document are
-  invalid (their loss mask is 0; they only ever attend to themselves and the valid prefix).
+* step 0, slot ``p``: token ``x_{p+1}``, condition ``fuse_taps(c_p)``, position ``p``; predicts
+  ``x_{p+2}`` against the target's distribution stored at ``p + 1`` (the packed row's target at
+  slot ``p``). Its output hidden ``h^0_p`` (before the final norm) stands in for the target's
+  state at the next position.
+* step k >= 1, slot ``p``: token ``x_{p+1+k}`` (teacher forced: the packed token of slot
+  ``p + k``), condition ``h^{k-1}_p`` (the drafter's own step-(k-1) hidden of the same chain),
+  position ``p + k``; predicts ``x_{p+k+2}`` against the packed target of slot ``p + k``;
+  attends to step-0 keys at slots ``<= p`` and to its own chain's keys of steps ``1..k``. Slots
+  whose ``p + k`` leaves the document are invalid (their loss mask is 0; they only ever attend
+  to themselves and the valid prefix).
 
-This is exactly what chain speculative decoding computes at verify position ``t`` when the
-first ``k`` drafted tokens are right; ``tests/train/ttt/test_unroll.py`` checks it against an
-explicit incremental decode per slot.
+This is exactly what chain speculative decoding computes in SGLang after committing
+``x_0 .. x_{p+1}`` when the first ``k`` drafted tokens are right; ``tests/train/ttt/test_unroll.py``
+checks it against an explicit incremental decode per slot, and the interop tests against the
+``speculators`` package's own TTT forward.
 
-``PackedBatch.loss_mask_BT[t]`` marks slot ``t``'s *prediction* (of token ``t+1``) as scored;
-the packer derives it from the store's per-token loss mask (``store.loss_mask[t+1]``).
+``PackedBatch.loss_mask_BT[p]`` marks slot ``p``'s step-0 prediction as scored (the packer takes
+it from ``store.loss_mask[p + 2]``); step ``k`` of slot ``p`` is scored by ``loss_mask[p + k]``.
 
 Legend: B batch, T slots, L taps, Dt target hidden, D drafter hidden, K top-k, S steps.
 """
@@ -35,13 +38,17 @@ from torch.utils.checkpoint import checkpoint
 from osprey_train.ttt.attention import TTTAttention
 from osprey_train.ttt.loss import DEFAULT_TARGET_DIST, TargetRows, VocabMap, chunked_distill_ce
 
-__all__ = ["PackedBatch", "TTTOutput", "shift_left", "initial_condition", "ttt_hidden_states",
-           "ttt_loss"]
+__all__ = ["PackedBatch", "TTTOutput", "shift_left", "step_valid", "ttt_hidden_states", "ttt_loss"]
 
 
 @dataclass
 class PackedBatch:
-    """Packed samples: one or more documents per row, no padding inside a row."""
+    """Packed samples in the engine layout: one or more documents per row, no padding inside a row.
+
+    Per slot: ``input_ids`` (token ``x_{p+1}``), ``taps`` (``c_p``), ``position_ids`` (``p`` within
+    its document), ``doc_ids``, ``loss_mask`` (the step-0 prediction is scored) and the target
+    side (top-k ids/log-probs or final hidden) of the token the slot predicts.
+    """
 
     input_ids_BT: Tensor
     doc_ids_BT: Tensor
@@ -80,23 +87,15 @@ def step_valid(doc_ids_BT: Tensor, k: int) -> Tensor:
     return shift_left(doc_ids_BT, k, -1) == doc_ids_BT
 
 
-def initial_condition(drafter, taps_BTLDt: Tensor, doc_ids_BT: Tensor) -> Tensor:
-    """Step-0 condition: ``c_{t-1}`` = fused taps of the previous slot, zeros at document starts."""
-    fused_BTD = drafter.fuse_taps(taps_BTLDt)
-    prev_BTD = torch.cat([torch.zeros_like(fused_BTD[:, :1]), fused_BTD[:, :-1]], dim=1)
-    same_doc_BT = torch.zeros_like(doc_ids_BT, dtype=torch.bool)
-    same_doc_BT[:, 1:] = doc_ids_BT[:, 1:] == doc_ids_BT[:, :-1]
-    return prev_BTD * same_doc_BT[..., None].to(prev_BTD.dtype)
-
-
 def ttt_hidden_states(drafter, input_ids_BT: Tensor, cond0_BTD: Tensor, position_ids_BT: Tensor,
                       doc_ids_BT: Tensor, steps: int, *, impl: str = "sdpa",
                       next_tokens: Callable[[int, Tensor], Tensor] | None = None,
                       checkpoint_steps: bool = False, on_step: Callable | None = None) -> list[Tensor]:
     """Run steps ``0..steps-1`` and return each step's hidden (B, T, D) (before the final norm).
 
+    ``cond0_BTD`` is the step-0 condition (``drafter.fuse_taps`` of the slots' taps).
     ``next_tokens(k, hidden_prev)`` gives the step-k input tokens; default: teacher forcing
-    (``x_{t+k}``, pad 0 past the document). ``on_step(k, hidden)`` is called after each step
+    (the token of slot ``p + k``, pad 0 past the document). ``on_step(k, hidden)`` is called after each step
     (e.g. to score it and free it early).
     """
     attn = TTTAttention(doc_ids_BT, impl=impl)
@@ -143,7 +142,7 @@ def ttt_loss(drafter, batch: PackedBatch, *, steps: int = 5, decay: float = 0.8,
     """
     B, T = batch.input_ids_BT.shape
     vmap = vmap or VocabMap()
-    cond0_BTD = initial_condition(drafter, batch.taps_BTLDt, batch.doc_ids_BT)
+    cond0_BTD = drafter.fuse_taps(batch.taps_BTLDt)
     base_idx_BT = torch.arange(B * T, device=batch.input_ids_BT.device).reshape(B, T)
     # Connected to the graph even if no slot is scored (a batch of prompt-only samples), so
     # backward still runs and simply yields zero gradients.

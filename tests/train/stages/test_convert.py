@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, ManifestMismatchError
 from osprey_data.target import TapLayers
-from osprey_train.models import CausalAttention, OspreyDrafter, load_drafter
+from osprey_train.models import OspreyDrafter, load_drafter
 from osprey_train.stages.convert import ConvertConfig, run
 from tests.helpers.tiny import make_tiny_llama
 from tests.train.models.tiny_targets import make_fake_store, make_target
@@ -40,9 +40,19 @@ def _exact_sequence(stats_alignment, target_tok, text):
 
 
 def test_function_preservation_on_exactly_mapped_tokens(pair, converted):
+    """At conversion, the drafter in the engine layout computes what the backbone computed.
+
+    A sample x_0..x_n goes through the trainer's own packing (slot p = (x_{p+1}, c_p) at position p)
+    and the TTT unroll's step 0, with arbitrary target taps: slot p must give the backbone's logits
+    for the token sequence x_1..x_{p+1} at positions 0..p, whatever the taps are.
+    """
+    from types import SimpleNamespace
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from osprey_train.distill_data.packing import pack_samples
     from osprey_train.stages.vocab_align import align_vocab
+    from osprey_train.ttt.unroll import ttt_hidden_states
 
     backbone_dir, target_dir, _ = pair
     backbone = AutoModelForCausalLM.from_pretrained(backbone_dir).eval()
@@ -57,15 +67,29 @@ def test_function_preservation_on_exactly_mapped_tokens(pair, converted):
     columns_s = torch.tensor([alignment.exact[int(t)] for t in columns_t])
     cfg = drafter.config
     length = len(tgt_ids)
+    with torch.no_grad():
+        expected = backbone(input_ids=torch.tensor([src_ids[1:]])).logits[..., columns_s]
     for seed in (0, 1):  # arbitrary target features
-        taps = torch.randn(1, length, cfg.num_taps, cfg.target_hidden_size,
-                           generator=torch.Generator().manual_seed(seed)) * 5
+        g = torch.Generator().manual_seed(seed)
+        sample = SimpleNamespace(
+            sample_id="s", token_ids=torch.tensor(tgt_ids), loss_mask=torch.ones(length, dtype=torch.bool),
+            hidden_TLD=torch.randn(length, cfg.num_taps, cfg.target_hidden_size, generator=g) * 5,
+            topk_ids_TK=torch.zeros(length, 1, dtype=torch.long), topk_logprobs_TK=torch.zeros(length, 1),
+            final_hidden_TD=None)
+        batch = pack_samples([sample], 4096)
+        assert batch.input_ids_BT[0].tolist() == tgt_ids[1:]
         with torch.no_grad():
-            hidden = drafter.forward_hidden(torch.tensor([tgt_ids]), drafter.fuse_taps(taps),
-                                            torch.arange(length)[None], CausalAttention())
+            hidden = ttt_hidden_states(drafter, batch.input_ids_BT, drafter.fuse_taps(batch.taps_BTLDt),
+                                       batch.position_ids_BT, batch.doc_ids_BT, 1)[0]
             got = drafter.logits(hidden)[..., columns_t]
-            expected = backbone(input_ids=torch.tensor([src_ids])).logits[..., columns_s]
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # the taps do reach the layers once the extra columns are non-zero: the check above can fail
+    with torch.no_grad():
+        for block in drafter.extra_column_blocks():
+            block.normal_(0.0, 0.5)
+        moved = drafter.logits(ttt_hidden_states(drafter, batch.input_ids_BT, drafter.fuse_taps(batch.taps_BTLDt),
+                                                 batch.position_ids_BT, batch.doc_ids_BT, 1)[0])[..., columns_t]
+    assert (moved - expected).abs().max() > 1e-2
 
 
 def test_converted_rows_and_config(pair, converted):

@@ -62,12 +62,24 @@ def test_packing_is_document_masked_and_deterministic(builder_store):
     assert b0.num_tokens <= 96
     doc, pos = b0.doc_ids_BT[0], b0.position_ids_BT[0]
     assert int(pos[0]) == 0 and bool(((pos[1:] == 0) == (doc[1:] != doc[:-1])).all())
-    # loss mask = store mask shifted by one inside each sample, 0 at each sample's last token
+    # engine layout, per sample of n tokens: n - 1 slots; slot p = (x_{p+1}, c_p) at position p, scored
+    # by the store mask of x_{p+2} and against the target's distribution stored at p + 1
     plan = packer.plan(0)
-    first = reader.sample(plan.rows[0][0])
-    n = first.token_ids.shape[0]
-    assert b0.loss_mask_BT[0, : n - 1].tolist() == first.loss_mask[1:].tolist()
-    assert not bool(b0.loss_mask_BT[0, n - 1])
+    offset = 0
+    for i in plan.rows[0]:
+        s = reader.sample(i, as_torch=True)
+        n = s.token_ids.shape[0]
+        row = slice(offset, offset + n - 1)
+        assert b0.input_ids_BT[0, row].tolist() == s.token_ids[1:].tolist()
+        assert pos[row].tolist() == list(range(n - 1))
+        torch.testing.assert_close(b0.taps_BTLDt[0, row], s.hidden_TLD[:-1])
+        torch.testing.assert_close(b0.topk_logprobs_BTK[0, row], s.topk_logprobs_TK[1:].float())
+        assert b0.loss_mask_BT[0, offset: offset + n - 2].tolist() == s.loss_mask[2:].bool().tolist()
+        assert not bool(b0.loss_mask_BT[0, offset + n - 2])  # x_{n} does not exist
+        # the first response token x_r is scored (predicted by slot r - 2, from x_{r-1})
+        assert bool(b0.loss_mask_BT[0, offset + s.prompt_length - 2])
+        offset += n - 1
+    assert offset == b0.num_tokens
     torch.testing.assert_close(packer.batch(0).taps_BTLDt, b0.taps_BTLDt)
     # every sample exactly once per epoch
     lengths = reader.table(["num_tokens"]).column(0).to_numpy()

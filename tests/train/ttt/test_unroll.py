@@ -1,4 +1,8 @@
-"""The TTT unroll against an explicit per-slot incremental decode with the real drafter."""
+"""The TTT unroll against an explicit per-slot incremental decode with the real drafter.
+
+The batches here are already in the engine layout (slot ``p`` holds its token, its taps and its
+target): the packer's side of the layout is tested in ``tests/train/distill_data``.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,7 @@ import torch
 
 from osprey_train.models import DrafterConfig, KVCacheAttention, OspreyDrafter
 from osprey_train.ttt.attention import document_positions
-from osprey_train.ttt.unroll import PackedBatch, initial_condition, ttt_hidden_states, ttt_loss
-
-
+from osprey_train.ttt.unroll import PackedBatch, ttt_hidden_states, ttt_loss
 
 def _drafter(seed=0, name="tiny"):
     torch.manual_seed(seed)
@@ -47,8 +49,7 @@ def _naive_chain(model, batch, slot, steps):
     doc = batch.doc_ids_BT[0]
     start = int((doc == doc[slot]).nonzero()[0])
     end = int((doc == doc[slot]).nonzero()[-1]) + 1
-    fused = model.fuse_taps(batch.taps_BTLDt[:, start:end])  # this document only
-    cond = torch.cat([torch.zeros_like(fused[:, :1]), fused[:, :-1]], dim=1)
+    cond = model.fuse_taps(batch.taps_BTLDt[:, start:end])  # this document only, slot p reads c_p
     p = slot - start
     cache = KVCacheAttention(model.config.num_layers)
     prefix = model.forward_hidden(batch.input_ids_BT[:, start:slot + 1], cond[:, :p + 1],
@@ -69,7 +70,7 @@ def test_unroll_hidden_matches_incremental_decode(impl):
     batch = _batch()
     steps = 4
     with torch.no_grad():
-        cond0 = initial_condition(model, batch.taps_BTLDt, batch.doc_ids_BT)
+        cond0 = model.fuse_taps(batch.taps_BTLDt)
         hs = ttt_hidden_states(model, batch.input_ids_BT, cond0, batch.position_ids_BT,
                                batch.doc_ids_BT, steps, impl=impl)
         for slot in range(batch.input_ids_BT.shape[1]):
