@@ -5,43 +5,11 @@ Each command parses its options into a typed config and calls one ``run``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from osprey_train.evaluation.options import DraftingOptions
-
-__all__ = ["acceptance", "matrix", "AcceptanceConfig", "run_acceptance"]
-
-
-@dataclass(kw_only=True)
-class AcceptanceConfig(DraftingOptions):
-    """Options of ``osprey eval acceptance``."""
-
-    drafter: Path
-    """Drafter folder."""
-    store: str
-    """Eval store (responses generated greedily by the target for an exact figure)."""
-
-    def __post_init__(self) -> None:
-        self.drafter = Path(self.drafter)
-        self.check_drafting("acceptance")
-
-
-def run_acceptance(cfg: AcceptanceConfig):
-    """Load the drafter and store, check they belong together, and simulate."""
-    from osprey_data.store import StoreReader
-    from osprey_data.target import check_compatible
-    from osprey_train.evaluation.acceptance import evaluate_acceptance
-    from osprey_train.models import load_drafter
-
-    drafter = load_drafter(cfg.drafter, device=cfg.device)
-    reader = StoreReader(cfg.store)
-    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
-                     where=f"acceptance: drafter {cfg.drafter} on store {cfg.store}")
-    return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                               impl=cfg.attention, progress=cfg.progress)
+__all__ = ["acceptance", "matrix"]
 
 
 @click.command("acceptance")
@@ -55,8 +23,10 @@ def run_acceptance(cfg: AcceptanceConfig):
 def acceptance(drafter: Path, store: str, steps: int, max_samples: int, device: str, attention: str,
                as_json: bool) -> None:
     """Offline acceptance length: exact simulation of greedy chain speculative decoding."""
-    report = run_acceptance(AcceptanceConfig(drafter=drafter, store=store, steps=steps, max_samples=max_samples,
-                                             device=device, attention=attention, progress=not as_json))
+    from osprey_train.evaluation.acceptance import AcceptanceConfig, run
+
+    report = run(AcceptanceConfig(drafter=drafter, store=store, steps=steps, max_samples=max_samples,
+                                  device=device, attention=attention, progress=not as_json))
     click.echo(report.to_json() if as_json else report.to_text())
 
 

@@ -41,7 +41,8 @@ from osprey_train.demo.config import DemoConfig
 from osprey_train.demo.fetch import fetch_smollm2
 from osprey_train.demo.report import write_report
 from osprey_train.evaluation.acceptance import evaluate_acceptance
-from osprey_train.evaluation.live import LiveConfig, busy_machine_threads
+from osprey_train.evaluation.cpu_threads import busy_machine_threads
+from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as live
 from osprey_train.models import load_drafter
 from osprey_train.stages.convert import ConvertConfig

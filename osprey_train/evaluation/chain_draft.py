@@ -1,21 +1,23 @@
-"""Greedy chain drafting with a drafter: all verify positions at once, or one at a time.
+"""Greedy chain drafting over a stored sequence: the drafts of every verify round at once.
 
-Position convention (shared with :mod:`osprey_train.evaluation.spec_decode` and the TTT unroll):
-position ``t`` holds token ``x_t``; the target's taps at ``t`` predict ``x_{t+1}``; the drafter
-consumes ``(x_t, c_{t-1})`` at position ``t`` (zeros for ``c_{-1}``). A chain started at verify
-position ``p`` (the last committed token) proposes ``d_1 .. d_S`` for positions ``p+1 .. p+S``:
-step 0 reads ``(x_p, c_{p-1})`` over the KV cache of the committed prefix; step ``k`` reads
-``(d_k, h^{k-1})`` at position ``p + k``.
+Layout (:mod:`osprey_train.ttt.layout`, SGLang's draft extend): once ``x_0 .. x_{q+1}`` are
+committed, the target has produced taps ``c_0 .. c_q`` and the drafter's cache holds slots
+``0 .. q``, slot ``j`` being ``(x_{j+1}, fuse_taps(c_j))`` at position ``j``. The round's chain
+proposes ``d_1 .. d_S`` for ``x_{q+2} .. x_{q+S+1}``: ``d_1`` from slot ``q``'s hidden state,
+``d_k`` (k >= 2) from feeding ``d_{k-1}`` with the previous step's pre-norm hidden state as the
+condition at position ``q + k - 1`` (SGLang's decode steps).
 
-* :func:`draft_all_positions` drafts the chains of EVERY position of a sequence in ``S`` batched
-  passes, using TTT attention (step-0 keys of the prefix + the chain's own keys); exact and
-  ``O(S)`` forward passes per sequence, which is what makes offline acceptance cheap.
-* :class:`ChainDraftState` is the incremental form with a KV cache and rollback (what a live
-  decoder does): ``commit`` accepted tokens with their conditions, ``propose`` ``S`` tokens.
+:func:`draft_all_positions` drafts the chains of EVERY slot of a sequence in ``S`` batched passes
+using TTT attention (step-0 keys of the prefix + the chain's own keys): exact, and ``O(S)``
+forward passes per sequence, which is what makes offline acceptance cheap. The incremental form
+with a KV cache and rollback (what a live decoder does) is
+:class:`~osprey_train.evaluation.live_drafter.DrafterSession`; the tests check the two agree, and
+``tests/train/evaluation/test_sglang_layout.py`` checks this one against SGLang's draft-extend +
+decode semantics written out independently.
 
-Both return TARGET-vocabulary ids (EAGLE-3 draft ids are mapped through ``draft_to_target``).
+Drafts are TARGET-vocabulary ids (EAGLE-3 draft ids mapped through :class:`VocabMap`).
 
-Legend: T tokens, L taps, Dt target hidden, D drafter hidden, S draft steps, V draft vocab.
+Legend: T tokens, P = T - 1 slots, L taps, Dt target hidden, D drafter hidden, S draft steps.
 """
 
 from __future__ import annotations
@@ -23,92 +25,44 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from osprey_train.models import KVCacheAttention
+from osprey_train.ttt.layout import slot_inputs
+from osprey_train.ttt.loss import VocabMap
 from osprey_train.ttt.unroll import ttt_hidden_states
 
-__all__ = ["draft_all_positions", "ChainDraftState", "previous_conditions"]
+__all__ = ["draft_all_positions", "greedy_draft_ids"]
 
 
-def _to_target(drafter, draft_ids: Tensor) -> Tensor:
-    d2t = drafter.draft_to_target
-    return draft_ids if d2t is None else d2t.to(draft_ids.device)[draft_ids]
-
-
-def _argmax_rows(drafter, hidden_ND: Tensor, chunk: int = 2048) -> Tensor:
-    """Greedy draft id per row, the LM head applied ``chunk`` rows at a time."""
+def greedy_draft_ids(drafter, hidden_ND: Tensor, chunk: int = 2048) -> Tensor:
+    """Greedy draft-vocabulary id per row, the LM head applied ``chunk`` rows at a time."""
     outs = [drafter.logits(hidden_ND[i:i + chunk]).argmax(-1) for i in range(0, hidden_ND.shape[0], chunk)]
     return torch.cat(outs) if outs else hidden_ND.new_zeros(0, dtype=torch.long)
-
-
-def previous_conditions(drafter, taps_TLDt: Tensor) -> Tensor:
-    """``cond[t] = fuse_taps(taps[t-1])``, zeros at t = 0. Returns (T, D)."""
-    fused_TD = drafter.fuse_taps(taps_TLDt[None])[0]
-    return torch.cat([torch.zeros_like(fused_TD[:1]), fused_TD[:-1]], dim=0)
 
 
 @torch.no_grad()
 def draft_all_positions(drafter, token_ids_T: Tensor, taps_TLDt: Tensor, steps: int, *,
                         impl: str = "sdpa") -> Tensor:
-    """Greedy chain drafts of every verify position: (T, S) target ids; row p = d_1..d_S."""
-    T = token_ids_T.shape[0]
+    """Greedy chain drafts of every slot: (T - 1, S) target ids; row q = drafts for ``x_{q+2} ..``.
+
+    Row ``q`` is what the drafter proposes in the verify round whose last committed token is
+    ``x_{q+1}``.
+    """
     device = next(drafter.parameters()).device
-    ids_1T = token_ids_T.to(device).long()[None]
-    cond0_1TD = previous_conditions(drafter, taps_TLDt.to(device))[None]
-    pos_1T = torch.arange(T, device=device)[None]
-    doc_1T = torch.zeros_like(ids_1T)
-    drafts: list[Tensor] = []
+    ids_P, taps_PLDt = slot_inputs(token_ids_T.to(device).long(), taps_TLDt.to(device))
+    num = ids_P.shape[0]
+    if num == 0:
+        return torch.zeros(0, steps, dtype=torch.long, device=device)
+    vocab = VocabMap.from_drafter(drafter.draft_to_target, drafter.config.vocab_size)
+    cond0_1PD = drafter.fuse_taps(taps_PLDt[None])
+    pos_1P = torch.arange(num, device=device)[None]
+    doc_1P = torch.zeros_like(pos_1P)
+    draft_ids: list[Tensor] = []
 
     def next_tokens(k: int, hidden_prev: Tensor) -> Tensor:
-        return drafts[-1][None]  # chain feeds back its own previous draft
+        return draft_ids[-1][None]  # the chain feeds back its previous draft (embeddings are over target ids)
 
     def on_step(k: int, hidden: Tensor) -> None:
-        drafts.append(_to_target(drafter, _argmax_rows(drafter, hidden[0])))
+        draft_ids.append(vocab.to_target(greedy_draft_ids(drafter, hidden[0])))
 
-    ttt_hidden_states(drafter, ids_1T, cond0_1TD, pos_1T, doc_1T, steps, impl=impl,
+    ttt_hidden_states(drafter, ids_P[None], cond0_1PD, pos_1P, doc_1P, steps, impl=impl,
                       next_tokens=next_tokens, on_step=on_step)
-    return torch.stack(drafts, dim=1)
-
-
-class ChainDraftState:
-    """Incremental chain drafting over a KV cache (the live-decoding form).
-
-    ``commit(ids, conds)`` appends committed tokens with their step-0 conditions (``c_{t-1}``,
-    e.g. from :func:`previous_conditions` or ``fuse_taps`` of fresh target taps); ``propose(S)``
-    drafts ``S`` tokens after the last committed one and rolls the cache back to the committed
-    length, so the next ``commit`` continues from there.
-    """
-
-    def __init__(self, drafter) -> None:
-        self.drafter = drafter
-        self.cache = KVCacheAttention(drafter.config.num_layers)
-        self.length = 0
-        self.last_hidden_D: Tensor | None = None
-
-    @torch.no_grad()
-    def commit(self, token_ids_N: Tensor, cond_ND: Tensor) -> None:
-        device = next(self.drafter.parameters()).device
-        n = token_ids_N.shape[0]
-        if n == 0:
-            return
-        pos = torch.arange(self.length, self.length + n, device=device)[None]
-        h = self.drafter.forward_hidden(token_ids_N.to(device).long()[None], cond_ND.to(device)[None],
-                                        pos, self.cache)
-        self.length += n
-        self.last_hidden_D = h[0, -1]
-
-    @torch.no_grad()
-    def propose(self, steps: int) -> list[int]:
-        if self.last_hidden_D is None:
-            raise RuntimeError("ChainDraftState.propose before any commit")
-        device = self.last_hidden_D.device
-        h = self.last_hidden_D
-        out: list[int] = []
-        for k in range(steps):
-            tok = _to_target(self.drafter, self.drafter.logits(h[None]).argmax(-1))
-            out.append(int(tok[0]))
-            if k == steps - 1:
-                break
-            pos = torch.tensor([[self.length + k]], device=device)
-            h = self.drafter.forward_hidden(tok[None], h[None, None], pos, self.cache)[0, 0]
-        self.cache.truncate(self.length)
-        return out
+    return torch.stack(draft_ids, dim=1)

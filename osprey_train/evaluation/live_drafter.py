@@ -1,26 +1,31 @@
-"""A real drafter (Osprey or EAGLE-3) as a :class:`~osprey_train.evaluation.spec_decode.DraftSession`.
+"""The incremental chain drafter: a real drafter (Osprey or EAGLE-3) bound to one sequence.
 
-Chain drafting with a KV cache (:class:`~osprey_train.models.KVCacheAttention`):
+This is the one incremental drafter of the project (the live decoder's
+:class:`~osprey_train.evaluation.spec_decode.DraftSession`); offline evaluation drafts every
+round at once with :func:`~osprey_train.evaluation.chain_draft.draft_all_positions`, and the
+tests check both give the same drafts. Chain drafting with a KV cache
+(:class:`~osprey_train.models.KVCacheAttention`) in the engine layout of
+:mod:`osprey_train.ttt.layout`, as SGLang runs it:
 
-- catch-up: the positions committed since the last call are fed in one block, position ``t``
-  with token ``x_t`` and condition ``fuse_taps(taps_{t-1})`` (true target features);
-- drafting: the last hidden state gives draft 1; each further step feeds the previous draft with
-  the drafter's own previous hidden state as condition (as in Training-Time Test);
-- rollback: the cache is truncated back to the committed positions, so the next catch-up
-  replaces the self-conditioned entries with target-conditioned ones.
-
-Position 0 has no previous target feature: its condition is zeros (after ``fuse_taps``), the
-convention of training and of the offline walk (:func:`~osprey_train.evaluation.chain_draft.
-previous_conditions`), so live and offline drafts agree exactly.
+- draft extend: the slots committed since the last call are fed in one block, slot ``q`` with
+  token ``x_{q+1}``, condition ``fuse_taps(c_q)`` (true target features) and position ``q``;
+  after the prefill of a prompt of ``r`` tokens and its first response token ``x_r`` these are
+  slots ``0 .. r-1``;
+- drafting: the last slot's hidden state gives draft 1; each further step feeds the previous
+  draft with the drafter's own previous pre-norm hidden state as condition, at the next position
+  (as in Training-Time Test);
+- rollback: the cache is truncated back to the committed slots, so the next extend replaces the
+  self-conditioned entries with target-conditioned ones.
 
 ``tap_codec`` (``"bf16"`` / ``"fp8"``, the store's hidden codecs) rounds the live taps through that
 codec first, so the drafter sees bit-for-bit what training and offline evaluation fed it from a
 store; without it the drafter reads the target's float32 taps.
 
-EAGLE-3 drafters predict over a draft vocabulary; ``draft_to_target`` maps their ids to target
-ids, and the draft distribution is scattered into the target vocabulary for rejection sampling.
+EAGLE-3 drafters predict over a draft vocabulary; :class:`~osprey_train.ttt.loss.VocabMap` maps
+their ids to target ids and scatters the draft distribution into the target vocabulary for
+rejection sampling.
 
-Legend: B batch (1), T tokens, L taps, Dt target hidden, D drafter hidden, V vocabularies.
+Legend: B batch (1), T slots, L taps, Dt target hidden, D drafter hidden, V vocabularies.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from osprey_data.errors import ConfigError, ModelError
 from osprey_data.store import HIDDEN_CODECS
 from osprey_train.evaluation.verify import probs_from_logits, sample_from
 from osprey_train.models import KVCacheAttention
+from osprey_train.ttt.loss import VocabMap
 
 __all__ = ["DrafterSession"]
 
@@ -50,49 +56,35 @@ class DrafterSession:
         self.device = next(drafter.parameters()).device
         self.target_vocab_size = int(target_vocab_size or self.config.vocab_size)
         d2t = drafter.draft_to_target
-        self.draft_to_target = None if d2t is None else d2t.to(self.device).long()
-        if self.draft_to_target is not None and int(self.draft_to_target.max()) >= self.target_vocab_size:
+        if d2t is not None and int(d2t.max()) >= self.target_vocab_size:
             raise ModelError("drafter's draft_to_target maps to ids beyond the target vocabulary "
-                             f"({int(self.draft_to_target.max())} >= {self.target_vocab_size})")
-        self._attention_cls = KVCacheAttention
+                             f"({int(d2t.max())} >= {self.target_vocab_size})")
+        self.vocab = VocabMap.from_drafter(None if d2t is None else d2t.to(self.device), self.target_vocab_size)
         self.reset()
 
     def reset(self) -> None:
-        self.attention = self._attention_cls(self.config.num_layers)
-        self.fed = 0  # next position to feed with a target condition
-
-    def _to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
-
-    def _to_target_probs(self, probs_V: torch.Tensor) -> torch.Tensor:
-        if self.draft_to_target is None:
-            return probs_V
-        full_V = probs_V.new_zeros(self.target_vocab_size)
-        full_V[self.draft_to_target] = probs_V
-        return full_V
+        self.attention = KVCacheAttention(self.config.num_layers)
+        self.slots = 0  # slots in the cache with target conditions: slot q = (x_{q+1}, c_q)
 
     @torch.no_grad()
     def propose(self, ids: Sequence[int], new_taps_TLDt: torch.Tensor, num_steps: int, temperature: float,
                 generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        last = len(ids) - 1
+        last_slot = len(ids) - 2  # slot of the last committed token x_{len(ids)-1}
         taps = new_taps_TLDt
-        if self.codec is not None and taps.shape[0]:
+        expected = last_slot + 1 - self.slots
+        if taps.shape[0] != expected or expected < 1:
+            raise ModelError(f"live drafter: got taps for {taps.shape[0]} positions, expected {expected} "
+                             f"(positions {self.slots} .. {last_slot} of {len(ids)} committed tokens)")
+        if self.codec is not None:
             taps = torch.from_numpy(self.codec.decode(self.codec.encode(taps.detach().float().cpu())))
         taps = taps.to(self.device)
-        # taps now cover positions max(fed-1, 0) .. last-1: the conditions of positions fed .. last
-        expected = last - max(self.fed - 1, 0)
-        if taps.shape[0] != expected:
-            raise ModelError(f"live drafter: got taps for {taps.shape[0]} positions, expected {expected}")
-        input_ids_BT = torch.tensor([list(ids[self.fed: last + 1])], dtype=torch.long, device=self.device)
-        cond_BTD = self.drafter.fuse_taps(taps[None]) if taps.shape[0] else None
-        if self.fed == 0:  # c_{-1} does not exist: zeros, as in training and offline acceptance
-            zeros_BTD = torch.zeros(1, 1, self.config.hidden_size, device=self.device,
-                                    dtype=next(self.drafter.parameters()).dtype)
-            cond_BTD = zeros_BTD if cond_BTD is None else torch.cat([zeros_BTD, cond_BTD], dim=1)
-        position_ids_BT = torch.arange(self.fed, last + 1, device=self.device)[None]
-        hidden_BTD = self.drafter.forward_hidden(input_ids_BT, cond_BTD, position_ids_BT, self.attention)
+        input_ids_BT = torch.tensor([list(ids[self.slots + 1: last_slot + 2])], dtype=torch.long,
+                                    device=self.device)
+        position_ids_BT = torch.arange(self.slots, last_slot + 1, device=self.device)[None]
+        hidden_BTD = self.drafter.forward_hidden(input_ids_BT, self.drafter.fuse_taps(taps[None]),
+                                                 position_ids_BT, self.attention)
         committed_cache = self.attention.length
-        self.fed = last + 1
+        self.slots = last_slot + 1
 
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
@@ -103,16 +95,16 @@ class DrafterSession:
                 draft_id = int(logits_V.argmax())
             else:
                 probs_V = probs_from_logits(logits_V, temperature)
-                rows.append(self._to_target_probs(probs_V))
+                rows.append(self.vocab.to_target_probs(probs_V, self.target_vocab_size))
                 draft_id = sample_from(probs_V, generator)
-            token = int(self._to_target_ids(torch.tensor(draft_id, device=self.device)))
+            token = int(self.vocab.to_target(torch.tensor(draft_id, device=self.device)))
             drafts.append(token)
             if step + 1 == num_steps:
                 break
             token_BT = torch.tensor([[token]], dtype=torch.long, device=self.device)
-            position_BT = torch.tensor([[last + 1 + step]], device=self.device)
+            position_BT = torch.tensor([[last_slot + 1 + step]], device=self.device)
             prev_BTD = self.drafter.forward_hidden(token_BT, prev_BTD, position_BT, self.attention)
-        # drop the self-conditioned entries: the next catch-up re-feeds those positions with target taps
+        # drop the self-conditioned entries: the next extend re-feeds those slots with target taps
         self.attention.truncate(committed_cache)
         probs_SV = torch.stack(rows) if rows else None
         return drafts, probs_SV

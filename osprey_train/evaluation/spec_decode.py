@@ -10,11 +10,13 @@ with stub drafters whose logits are fixed, and run for real with an Osprey or EA
 - :class:`DraftSession` proposes ``S`` tokens given the committed ids and the target's tapped
   hidden states of the newly committed positions.
 
-Position conventions (shared with offline acceptance): position ``t`` holds token ``x_t``; the
-target's taps at ``t`` (from ``output_hidden_states``) predict ``x_{t+1}``; the drafter consumes
-``(x_t, taps_{t-1})`` at position ``t``. The first verify step happens right after the prompt's
-prefill, with the prompt's last token as the committed token, so every generated token comes
-out of a verify step and ``acceptance length = generated tokens / verify steps``.
+Rounds as SGLang runs them (and as offline acceptance counts them): the prefill of the whole
+prompt yields the first response token, no draft involved; the drafter then extends over the
+engine-layout slots (:mod:`osprey_train.ttt.layout`: slot ``q`` = ``(x_{q+1}, taps_q)`` at
+position ``q``) and proposes; each verify round feeds ``[last committed, d_1..d_S]`` and emits
+the accepted drafts plus one target token. ``accept_lengths`` holds the tokens emitted per verify
+round, so ``acceptance length = sum(accept_lengths) / rounds`` = (generated tokens - 1) / rounds,
+SGLang's ``spec_accept_length``.
 
 Legend: T tokens, L taps, Dt target hidden, S draft steps, V target vocabulary.
 """
@@ -51,7 +53,8 @@ class DraftSession(Protocol):
         """Propose ``num_steps`` target-vocabulary ids following ``ids``.
 
         ``new_taps_TLDt`` are the target taps of the positions committed since the last call
-        (positions ``len(ids_before) - 1 .. len(ids) - 2``; on the first call ``0 .. len(ids) - 2``).
+        (positions ``len(ids_before) - 1 .. len(ids) - 2``; on the first call, right after the
+        prefill and its first response token, ``0 .. len(ids) - 2``).
         Returns the drafts and, when ``temperature > 0``, the (S, V) distributions they were
         sampled from, over the target vocabulary.
         """
@@ -62,11 +65,13 @@ class GenerationResult:
     """One generated continuation and its verify-step statistics."""
 
     output_ids: list[int]
-    """Generated token ids (prompt excluded), cut after EOS or at ``max_new_tokens``."""
+    """Generated token ids (prompt excluded), cut after EOS or at ``max_new_tokens``; the first
+    one comes from the prefill."""
     accept_lengths: list[int] = field(default_factory=list)
-    """Tokens emitted per verify step (accepted drafts + 1); empty for plain decoding."""
+    """Tokens emitted per verify round (accepted drafts + 1, cut by EOS or the budget); empty for
+    plain decoding. Their sum is ``len(output_ids) - 1``."""
     drafted: list[int] = field(default_factory=list)
-    """Drafts proposed per verify step (S, fewer near the token budget)."""
+    """Drafts proposed per verify round (S, fewer near the token budget)."""
     accepted: list[int] = field(default_factory=list)
     """Drafts accepted per verify step (and emitted: an EOS or the budget can cut them)."""
     finish_reason: str = "length"
@@ -156,15 +161,17 @@ def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_
     target.reset()
     drafter.reset()
     ids = [int(i) for i in prompt_ids]
-    if len(ids) > 1:
-        _, new_taps_TLDt = target.forward(ids[:-1], want_taps=True)
-    else:
-        new_taps_TLDt = torch.zeros(0, len(target.tap_layers), 0)
-    result = GenerationResult(output_ids=[])
-    while len(result.output_ids) < max_new_tokens:
+    # the prefill gives the first response token and the taps of every prompt position
+    logits_TV, new_taps_TLDt = target.forward(ids, want_taps=True)
+    first = _choose(logits_TV[-1], temperature, generator)
+    ids.append(first)
+    result = GenerationResult(output_ids=[first])
+    if first in eos:
+        result.finish_reason = "stop"
+    while result.finish_reason != "stop" and len(result.output_ids) < max_new_tokens:
         room = max_new_tokens - len(result.output_ids)
         # drafts past the token budget could never be emitted: don't spend time on them
-        steps = min(num_steps, room - 1)
+        steps = min(num_steps, room)
         drafts, draft_probs_SV = drafter.propose(ids, new_taps_TLDt, steps, temperature, generator) \
             if steps > 0 else ([], None)
         logits_SV, verify_taps_TLDt = target.forward([ids[-1], *drafts], want_taps=True)

@@ -50,7 +50,8 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     assert set(live["per_domain"]) == {"chat", "code", "math", "finance", "commonsense"}
     # the same drafter offline (on the eval store as stored) and live: identical figures
     assert offline["distilled"]["overall"] == pytest.approx(live["acceptance_length"], abs=1e-12)
-    assert offline["distilled"]["num_tokens"] == live["spec_tokens"]
+    assert offline["distilled"]["num_tokens"] == live["verify_tokens"] == live["spec_tokens"] - live["num_prompts"]
+    assert offline["distilled"]["num_verify_steps"] == live["verify_steps"]
     assert set(offline) == {"converted", "distilled"} and not offline["distilled"]["proxy"]
     assert offline["distilled"]["greedy_consistency"] == 1.0
     assert doc["distill"]["steps"] == 2

@@ -1,4 +1,5 @@
-"""Offline acceptance vs a direct step-by-step greedy speculative decode with the same drafter."""
+"""Offline acceptance vs a direct step-by-step greedy speculative decode with the same drafter,
+and the batched drafts vs the incremental (live) drafter."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import pytest
 import torch
 
 from osprey_data.store import StoreReader
-from osprey_train.evaluation.acceptance import acceptance_walk, evaluate_acceptance, proxy_reason
-from osprey_train.evaluation.chain_draft import ChainDraftState, draft_all_positions, previous_conditions
+from osprey_train.evaluation.acceptance import acceptance_walk, evaluate_acceptance, per_position_rates, proxy_reason
+from osprey_train.evaluation.chain_draft import draft_all_positions
+from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.models import CausalAttention, load_drafter
 from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store, quick_distill
-
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,11 @@ def tiny_setup(tmp_path_factory, tiny_tokenizer_dir):
     return reader, drafter
 
 
-def _direct_chain(drafter, ids, conds, p, steps):
-    """Re-run the drafter causally on [x_0..x_p, d_1..d_k] with conds [c_-1..c_{p-1}, h^0..h^{k-1}]."""
-    seq, cond = list(ids[: p + 1]), [conds[j] for j in range(p + 1)]
+def _direct_chain(drafter, ids, taps, p, steps):
+    """With x_0..x_p committed: re-run the drafter causally on slots (x_1, c_0) .. (x_p, c_{p-1}) at
+    positions 0..p-1, then on each draft with the previous hidden state as its condition."""
+    seq = list(ids[1: p + 1])
+    cond = list(drafter.fuse_taps(taps[None, :p])[0])
     out = []
     for _ in range(steps):
         h = drafter.forward_hidden(torch.tensor([seq]), torch.stack(cond)[None],
@@ -42,13 +45,14 @@ def _direct_chain(drafter, ids, conds, p, steps):
 
 @torch.no_grad()
 def _direct_decode(drafter, sample, steps):
-    """Greedy chain speculative decoding against the stored (greedy) response, step by step."""
+    """Greedy chain speculative decoding against the stored (greedy) response, step by step; the
+    first response token comes from the prefill and opens no verify round (SGLang)."""
     ids = sample.token_ids.tolist()
-    conds = previous_conditions(drafter, sample.hidden_TLD.float())
-    T, p = len(ids), sample.prompt_length - 1
+    taps = sample.hidden_TLD.float()
+    T, p = len(ids), sample.prompt_length
     tokens = vsteps = 0
     while p < T - 1:
-        drafts = _direct_chain(drafter, ids, conds, p, steps)
+        drafts = _direct_chain(drafter, ids, taps, p, steps)
         a = 0
         while a < min(steps, T - 1 - p) and drafts[a] == ids[p + 1 + a]:
             a += 1
@@ -69,35 +73,55 @@ def test_offline_equals_direct_decode(tiny_setup, steps):
         vs[s.domain] += v
     assert report.num_tokens == sum(tok.values())
     assert report.num_verify_steps == sum(vs.values())
+    responses = [len(reader.sample(i).token_ids) - reader.sample(i).prompt_length for i in range(len(reader))]
+    assert report.num_tokens == sum(responses) - len(responses)  # all but each prefill's token
     assert report.overall == pytest.approx(sum(tok.values()) / sum(vs.values()))
     assert report.per_domain == pytest.approx({d: tok[d] / vs[d] for d in tok})
     assert not report.proxy and len(report.per_position) == steps
-    assert 1.3 < report.overall < 3.5  # non-trivial: drafts both accepted and rejected
+    assert 0.1 < report.per_position[0] < 0.9  # non-trivial: first drafts both accepted and rejected
+    assert 1.1 < report.overall < 3.5
     assert report.greedy_consistency > 0.99
 
 
-def test_all_positions_drafts_equal_incremental_state(tiny_setup):
+@pytest.mark.parametrize("arch", ["osprey", "eagle3"])
+def test_all_positions_drafts_equal_the_incremental_drafter(tiny_setup, tmp_path, arch):
+    """draft_all_positions (TTT attention, every round at once) == DrafterSession (KV cache +
+    rollback, what live decoding runs), committing one token at a time."""
     reader, drafter = tiny_setup
+    if arch == "eagle3":
+        drafter = load_drafter(make_drafter_dir(tmp_path / "e3", preset="tiny-eagle3", seed=4,
+                                                draft_vocab=torch.arange(128) * 3))
     s = reader.sample(1, as_torch=True)
     taps = s.hidden_TLD.float()
-    drafts = draft_all_positions(drafter, s.token_ids, taps, 4)
-    conds = previous_conditions(drafter, taps)
-    state = ChainDraftState(drafter)
     T = s.token_ids.shape[0]
-    for p in range(T):
-        state.commit(s.token_ids[p:p + 1], conds[p:p + 1])
-        assert state.propose(4) == drafts[p].tolist(), p
-    assert drafts[T - 2].tolist() == _direct_chain(drafter, s.token_ids.tolist(), conds, T - 2, 4)
+    drafts = draft_all_positions(drafter, s.token_ids, taps, 4)
+    assert drafts.shape == (T - 1, 4)
+    session = DrafterSession(drafter)
+    ids = s.token_ids.tolist()
+    for p in range(1, T):  # x_0..x_p committed: the drafter gets the taps of position p - 1
+        proposal, _ = session.propose(ids[: p + 1], taps[p - 1: p], 4, 0.0, None)
+        assert proposal == drafts[p - 1].tolist(), p
+    if arch == "osprey":
+        assert drafts[T - 2].tolist() == _direct_chain(drafter, ids, taps, T - 1, 4)
 
 
 def test_walk_rules():
-    # prompt of 2 tokens; response 5 tokens: positions 2..6; drafts row p proposes p+1.. .
+    # prompt of 2 tokens; response 5 tokens at positions 2..6, the first (x_2) from the prefill.
+    # drafts are slot-indexed: row q is proposed with x_0..x_{q+1} committed.
     ids = [9, 9, 1, 2, 3, 4, 5]
-    drafts = {p: [ids[p + 1] if p + 1 < len(ids) else 0, 0, 0] for p in range(len(ids))}
-    drafts[1] = [1, 2, 7]          # at p=1: accepts 2, yields 3 -> p=4
-    drafts[4] = [4, 5, 8]          # at p=4: remaining 2, accepts both, yields 2 (no bonus past end)
-    walk = acceptance_walk(ids, 2, [drafts[p] for p in range(len(ids))])
-    assert walk == [(2, 3, 3), (2, 2, 2)]
+    drafts = [[0, 0, 0] for _ in range(len(ids) - 1)]
+    drafts[1] = [2, 3, 7]          # x_0..x_2 committed: accepts 2, yields 3 -> x_5 committed
+    drafts[4] = [5, 8, 8]          # one token left: compares one draft, yields it (no bonus past the end)
+    walk = acceptance_walk(ids, 2, drafts)
+    assert walk == [(2, 3, 3), (1, 1, 1)]
+    assert sum(y for _, y, _ in walk) == len(ids) - 2 - 1
+    assert acceptance_walk(ids[:3], 2, drafts[:2]) == []  # only the prefill's token: no round
+
+
+def test_per_position_rates():
+    # (accepted, compared): position 0 judged 3 times (2 hits), 1 twice (1 hit), 2 once (0 hits)
+    assert per_position_rates([(2, 3), (0, 3), (1, 3)], 3) == pytest.approx([2 / 3, 1 / 2, 0.0])
+    assert per_position_rates([(1, 1)], 3) == [1.0, 0.0, 0.0]  # capped by the drafts compared
 
 
 def test_proxy_flag():
@@ -117,6 +141,6 @@ def test_eagle3_drafts_are_target_ids(tmp_path, tiny_setup):
     drafter = load_drafter(make_drafter_dir(tmp_path / "e3", preset="tiny-eagle3", draft_vocab=d2t))
     s = reader.sample(0, as_torch=True)
     drafts = draft_all_positions(drafter, s.token_ids, s.hidden_TLD.float(), 2)
-    assert bool((drafts % 3 == 0).all())
+    assert drafts.shape == (s.token_ids.shape[0] - 1, 2) and bool((drafts % 3 == 0).all())
     report = evaluate_acceptance(drafter, reader, steps=2, progress=False, max_samples=2)
     assert report.num_samples == 2 and report.overall >= 1.0

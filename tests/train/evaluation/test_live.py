@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError, InputError, ModelError
-from osprey_train.evaluation.live import LiveConfig, busy_machine_threads, load_prompts, run, summarize
+from osprey_train.evaluation.cpu_threads import busy_machine_threads
+from osprey_train.evaluation.live import LiveConfig, run
+from osprey_train.evaluation.live_prompts import load_prompts
+from osprey_train.evaluation.live_report import summarize
 from tests.helpers.tiny_store import TINY_PROMPTS, make_tiny_store
 
 MAX_NEW = 16
@@ -67,14 +70,15 @@ def test_offline_acceptance_equals_live_greedy(live_setup):
     live = run(_config(live_setup, tap_codec="bf16", baseline=False))  # the store keeps taps as bf16
     by_id = {s["id"]: s for s in live.samples}
     assert offline.num_samples == live.num_prompts
-    assert offline.num_tokens == live.spec_tokens
-    assert offline.num_verify_steps == sum(s["verify_steps"] for s in live.samples)
+    assert offline.num_tokens == live.verify_tokens == live.spec_tokens - live.num_prompts
+    assert offline.num_verify_steps == live.verify_steps == sum(s["verify_steps"] for s in live.samples)
+    assert offline.per_position == pytest.approx(live.per_position, abs=1e-12)
     assert offline.overall == pytest.approx(live.acceptance_length, abs=1e-12)
     for domain, value in offline.per_domain.items():
         assert value == pytest.approx(live.per_domain[domain]["acceptance_length"], abs=1e-12)
     assert len(by_id) == len(TINY_PROMPTS)
     # not vacuous: the pruned+converted drafter gets some drafts accepted
-    assert live.acceptance_length > 1.05
+    assert live.acceptance_length > 1.0 and 0 < live.per_position[0] < 1
     # a greedy store passes the integrity check: stored top-1 = next stored token everywhere
     assert offline.greedy_consistency == 1.0 and not offline.proxy
 
@@ -103,15 +107,17 @@ def test_drafter_for_another_target_is_refused(live_setup, tiny_qwen3_dir):
 
 def test_summarize_pools_verify_steps():
     samples = [
-        {"id": "a", "domain": "x", "tokens": 6, "verify_steps": 2, "accept_lengths": [4, 2], "accepted": [3, 1], "drafted": [3, 3], "seconds": 1.0,
-         "plain_seconds": 2.0, "plain_tokens": 6, "identical": True},
-        {"id": "b", "domain": "y", "tokens": 3, "verify_steps": 3, "accept_lengths": [1, 1, 1], "accepted": [0, 0, 0], "drafted": [3, 3, 1], "seconds": 1.0,
-         "plain_seconds": 1.0, "plain_tokens": 3, "identical": True},
+        {"id": "a", "domain": "x", "tokens": 7, "verify_steps": 2, "accept_lengths": [4, 2], "accepted": [3, 1], "drafted": [3, 3], "seconds": 1.0,
+         "plain_seconds": 2.0, "plain_tokens": 7, "identical": True},
+        {"id": "b", "domain": "y", "tokens": 4, "verify_steps": 3, "accept_lengths": [1, 1, 1], "accepted": [0, 0, 0], "drafted": [3, 3, 1], "seconds": 1.0,
+         "plain_seconds": 1.0, "plain_tokens": 4, "identical": True},
     ]
     report = summarize(samples, steps=3, temperature=0.0, baseline=True)
+    # accept lengths sum to 6 + 3 (the prefill's tokens are in "tokens" but in no verify round)
     assert report.acceptance_length == pytest.approx(9 / 5)
+    assert report.verify_tokens == 9 and report.verify_steps == 5
     assert report.per_domain["x"]["acceptance_length"] == 3.0
-    assert report.speedup == pytest.approx((9 / 2) / (9 / 3))
+    assert report.speedup == pytest.approx((11 / 2) / (11 / 3))
     assert report.greedy_identical == 2
     # position 0 judged 5 times (accepted twice); position 1 twice (once); position 2 once (once)
     assert report.per_position == pytest.approx([2 / 5, 1 / 2, 1 / 1])

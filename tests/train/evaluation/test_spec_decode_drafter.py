@@ -49,11 +49,10 @@ class RecordingSession(DrafterSession):
 
 
 def _naive_drafts(drafter, taps_TLDt, ids, steps):
-    """Recompute the whole chain from scratch with causal attention: position t gets
-    (x_t, fuse(taps_{t-1})), zeros at t = 0; draft k is fed with the drafter's previous hidden state."""
-    tokens = list(ids)
-    fused = drafter.fuse_taps(taps_TLDt[None, : len(ids) - 1])
-    cond = torch.cat([torch.zeros_like(fused[:, :1]), fused], dim=1)
+    """Recompute the whole chain from scratch with causal attention in the engine layout: slot q gets
+    (x_{q+1}, fuse(taps_q)) at position q; draft k is fed with the drafter's previous hidden state."""
+    tokens = list(ids[1:])
+    cond = drafter.fuse_taps(taps_TLDt[None, : len(ids) - 1])
     drafts = []
     with torch.no_grad():
         for _ in range(steps):
@@ -96,4 +95,4 @@ def test_sampling_with_a_real_drafter_runs_and_respects_budget(tiny_llama):
     g = torch.Generator().manual_seed(0)
     out = speculative_generate(HFTargetSession(tiny_llama, TAPS), session, PROMPT, num_steps=3,
                                max_new_tokens=9, temperature=0.8, generator=g)
-    assert len(out.output_ids) == 9 and sum(out.accept_lengths) == 9
+    assert len(out.output_ids) == 9 and sum(out.accept_lengths) == 8
