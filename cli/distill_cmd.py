@@ -27,6 +27,9 @@ __all__ = ["distill"]
               help="Target distribution: top-k + tail bucket, top-k renormalized, or full vocab (final_hidden).")
 @click.option("--target-model", default=None,
               help="Target HF folder for --target-dist full (default: the store's target path).")
+@click.option("--score-out-of-vocab", is_flag=True,
+              help="EAGLE-3: also score positions whose target top-1 is outside the draft vocabulary "
+                   "(left out by default: such a token can never be accepted).")
 @click.option("--tokens-per-batch", type=int, default=4096, show_default=True,
               help="Token budget of one packed micro-batch.")
 @click.option("--prefetch", type=int, default=2, show_default=True,

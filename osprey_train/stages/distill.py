@@ -66,6 +66,9 @@ class DistillConfig:
     """Target distribution: tail (top-k + tail bucket), renorm (top-k only) or full (final_hidden)."""
     target_model: str | None = None
     """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
+    score_out_of_vocab: bool = False
+    """EAGLE-3: also score positions whose target top-1 is outside the draft vocabulary (never
+    acceptable; left out by default, as SpecForge does). No effect on Osprey drafters."""
     tokens_per_batch: int = 4096
     """Token budget of one packed micro-batch (one row of whole samples, no padding)."""
     prefetch: int = 2
@@ -106,11 +109,13 @@ class DistillModel(nn.Module):
     """The drafter plus its TTT forward: ``forward(batch) -> (loss, metrics)``."""
 
     def __init__(self, drafter: nn.Module, *, steps: int, decay: float, target_dist: str,
-                 impl: str, chunk_size: int, target_head: nn.Module | None) -> None:
+                 impl: str, chunk_size: int, target_head: nn.Module | None,
+                 score_out_of_vocab: bool = False) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps, self.decay, self.target_dist = steps, decay, target_dist
         self.impl, self.chunk_size = impl, chunk_size
+        self.score_out_of_vocab = score_out_of_vocab
         self.checkpoint_steps = False
         # Not a submodule: the frozen target head is neither trained, checkpointed nor saved.
         self._target_head = [target_head]
@@ -127,7 +132,7 @@ class DistillModel(nn.Module):
         out = ttt_loss(self.drafter, batch, steps=self.steps, decay=self.decay,
                        target_dist=self.target_dist, impl=resolve_impl(self.impl, device),
                        chunk_size=self.chunk_size, target_head=head, vmap=self._vmap,
-                       checkpoint_steps=self.checkpoint_steps)
+                       checkpoint_steps=self.checkpoint_steps, score_out_of_vocab=self.score_out_of_vocab)
         return out.loss, out.metrics
 
 
@@ -170,7 +175,8 @@ class DistillTask:
                     p.requires_grad_(False)
         return DistillModel(drafter, steps=self.cfg.ttt_steps, decay=self.cfg.ttt_decay,
                             target_dist=self.cfg.target_dist, impl=self.cfg.attention,
-                            chunk_size=self.cfg.loss_chunk, target_head=self.target_head)
+                            chunk_size=self.cfg.loss_chunk, target_head=self.target_head,
+                            score_out_of_vocab=self.cfg.score_out_of_vocab)
 
     def trainable_parameters(self, model: nn.Module):
         return [p for p in model.parameters() if p.requires_grad]

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from osprey_data.errors import ConfigError
 from osprey_train.ttt.attention import TTTAttention
 from osprey_train.ttt.loss import DEFAULT_TARGET_DIST, TargetRows, VocabMap, chunked_distill_ce
 
@@ -134,14 +135,25 @@ def _target_rows(batch: PackedBatch, flat_idx: Tensor) -> TargetRows:
 def ttt_loss(drafter, batch: PackedBatch, *, steps: int = 5, decay: float = 0.8,
              target_dist: str = DEFAULT_TARGET_DIST, impl: str = "sdpa", chunk_size: int = 1024,
              target_head: Callable | None = None, vmap: VocabMap | None = None,
-             checkpoint_steps: bool = False) -> TTTOutput:
+             checkpoint_steps: bool = False, score_out_of_vocab: bool = False) -> TTTOutput:
     """``sum_k decay^k * mean CE_k`` over the loss-masked valid slots of each step, with metrics.
 
+    With a draft vocabulary (``vmap`` of an EAGLE-3 drafter), slots whose target top-1 lies
+    outside it are not scored unless ``score_out_of_vocab``: no draft can ever be accepted there
+    (SpecForge masks them the same way). The top-1 is the store's top-k entry 0, the target's
+    argmax under its full softmax, for every ``target_dist``.
+
     Metrics: ``loss_k{k}`` / ``acc_k{k}`` (top-1 agreement with the target) per TTT step,
-    ``scored_k{k}`` (slots scored at step k), ``tokens``.
+    ``scored_k{k}`` (slots scored at step k), ``out_of_vocab_k{k}`` (loss-masked slots left out
+    because their target top-1 is not in the draft vocabulary), ``tokens``.
     """
     B, T = batch.input_ids_BT.shape
     vmap = vmap or VocabMap()
+    in_vocab_BT = None
+    if vmap.target_to_draft_Vt is not None and not score_out_of_vocab:
+        if batch.topk_ids_BTK is None:
+            raise ConfigError("ttt_loss: leaving out-of-vocabulary targets unscored needs the store's top-k ids")
+        in_vocab_BT = vmap.to_draft(batch.topk_ids_BTK[..., 0]) >= 0
     cond0_BTD = drafter.fuse_taps(batch.taps_BTLDt)
     base_idx_BT = torch.arange(B * T, device=batch.input_ids_BT.device).reshape(B, T)
     # Connected to the graph even if no slot is scored (a batch of prompt-only samples), so
@@ -152,6 +164,10 @@ def ttt_loss(drafter, batch: PackedBatch, *, steps: int = 5, decay: float = 0.8,
     def score(k: int, h_BTD: Tensor) -> None:
         nonlocal total
         mask_BT = shift_left(batch.loss_mask_BT.bool(), k, False) & step_valid(batch.doc_ids_BT, k)
+        if in_vocab_BT is not None:
+            reachable_BT = mask_BT & shift_left(in_vocab_BT, k, False)
+            metrics[f"out_of_vocab_k{k}"] = float((mask_BT & ~reachable_BT).sum())
+            mask_BT = reachable_BT
         n = int(mask_BT.sum())
         metrics[f"scored_k{k}"] = float(n)
         if n == 0:

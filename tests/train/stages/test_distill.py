@@ -142,8 +142,13 @@ def test_eagle3_and_full_vocab_targets(tmp_path, builder_store, tiny_llama_dir):
                    gradient_checkpointing=True, attention="eager"))
     rec = [r for r in _records(tmp_path / "run") if r["kind"] == "train"][-1]
     assert np.isfinite(rec["loss"]) and "acc_k0" in rec
+    assert "out_of_vocab_k0" in rec  # unreachable targets left out by default
     saved = load_drafter(res.final_dir)
     assert torch.equal(saved.draft_to_target, d2t)
+    from osprey_train.stages.distill import DistillTask
+
+    task = DistillTask(_cfg(tmp_path, e3, builder_store, score_out_of_vocab=True))
+    assert task.build_model().score_out_of_vocab
 
 
 def test_config_and_compatibility_errors(tmp_path, builder_store, greedy_setup):

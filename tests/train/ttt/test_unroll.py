@@ -135,3 +135,31 @@ def test_batch_without_scored_slots_gives_zero_loss_and_runs_backward():
     out = ttt_loss(model, batch, steps=2)
     out.loss.backward()
     assert float(out.loss) == 0.0 and out.metrics["scored_k0"] == 0.0
+
+
+@pytest.mark.parametrize("target_dist", ["tail", "renorm"])
+def test_eagle3_leaves_out_of_vocab_targets_unscored(target_dist):
+    """Default: a slot whose target top-1 is not in the draft vocabulary is not scored (SpecForge);
+    --score-out-of-vocab keeps the old behaviour of scoring it."""
+    from osprey_train.ttt.loss import VocabMap
+
+    model = _drafter(name="tiny-eagle3")
+    model.set_draft_vocab(torch.arange(128) * 3)
+    batch = _batch()
+    vmap = VocabMap.from_drafter(model.draft_to_target, 384)
+    in_vocab = batch.topk_ids_BTK[..., 0] % 3 == 0
+    assert 0 < int((in_vocab & batch.loss_mask_BT).sum()) < int(batch.loss_mask_BT.sum())  # both kinds present
+    steps = 3
+    default = ttt_loss(model, batch, steps=steps, vmap=vmap, target_dist=target_dist)
+    old = ttt_loss(model, batch, steps=steps, vmap=vmap, target_dist=target_dist, score_out_of_vocab=True)
+    # the default equals scoring everything on a batch whose loss mask already drops those slots
+    masked = PackedBatch(**{**batch.__dict__, "loss_mask_BT": batch.loss_mask_BT & in_vocab})
+    reference = ttt_loss(model, masked, steps=steps, vmap=vmap, target_dist=target_dist, score_out_of_vocab=True)
+    torch.testing.assert_close(default.loss, reference.loss)
+    assert default.metrics["scored_k0"] == int((batch.loss_mask_BT & in_vocab).sum())
+    assert old.metrics["scored_k0"] == int(batch.loss_mask_BT.sum())
+    assert default.metrics["out_of_vocab_k0"] == old.metrics["scored_k0"] - default.metrics["scored_k0"]
+    assert not torch.allclose(default.loss, old.loss)
+    # Osprey drafters predict the full target vocabulary: nothing is left out
+    osprey = ttt_loss(_drafter(), batch, steps=steps, target_dist=target_dist)
+    assert osprey.metrics["scored_k0"] == old.metrics["scored_k0"] and "out_of_vocab_k0" not in osprey.metrics
