@@ -17,6 +17,7 @@ from typing import Any
 from osprey_data.builder.backends import BACKENDS
 from osprey_data.errors import ConfigError
 from osprey_data.store import HIDDEN_CODECS
+from osprey_data.target import TapLayers
 
 __all__ = ["BuildConfig", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
 
@@ -115,8 +116,10 @@ class BuildConfig:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.layers is not None:
             self.layers = tuple(int(i) for i in self.layers)
-            if not self.layers or any(i < 0 for i in self.layers):
-                raise ConfigError(f"--layers must be non-negative layer ids, got {list(self.layers)}")
+            try:
+                TapLayers(layer_ids=self.layers)
+            except ConfigError as exc:
+                raise ConfigError(f"--layers: {exc}") from None
         if self.topk < 1:
             raise ConfigError(f"--topk must be >= 1, got {self.topk}")
         if self.hidden_codec not in HIDDEN_CODECS:

@@ -116,11 +116,11 @@ def make_header(config: BuildConfig, backend: TargetBackend):
     """The store header of this build: identity, taps, codec and the content-affecting config."""
     identity = backend.identity
     if config.layers is not None:
-        bad = [i for i in config.layers if i > identity.num_layers]
-        if bad:
-            raise ConfigError(f"--layers {list(config.layers)}: ids {bad} exceed the target's "
-                              f"{identity.num_layers} layers (valid: 0..{identity.num_layers})")
         taps = TapLayers(layer_ids=tuple(config.layers))
+        try:
+            taps.check_target(identity.num_layers)
+        except ConfigError as exc:
+            raise ConfigError(f"--layers: {exc}") from None
     else:
         taps = default_tap_layers(identity.num_layers)
     build_config = config.content_settings()

@@ -64,6 +64,7 @@ class StoreHeader:
             raise ConfigError(f"topk must be positive, got {self.topk}")
         if int(self.topk) > self.target.vocab_size:
             raise ConfigError(f"topk {self.topk} exceeds the target vocab size {self.target.vocab_size}")
+        self.taps.check_target(self.target.num_layers)
 
     @property
     def num_taps(self) -> int:
@@ -215,7 +216,10 @@ def parse_manifest(raw: bytes, *, where: str) -> Manifest:
             f"({FORMAT_VERSION}); upgrade Osprey to read it"
         )
     validate(doc, "store-manifest.v1.json", where=where)
-    manifest = Manifest.from_dict(doc)
+    try:
+        manifest = Manifest.from_dict(doc)
+    except ConfigError as exc:
+        raise SchemaError(f"{where}: invalid store header: {exc}; rebuild the store with valid settings") from None
     if doc["header_sha256"] != header_hash(manifest.header):
         raise ManifestMismatchError(f"{where}: header_sha256 does not match the header; the manifest was edited")
     if doc["num_samples"] != manifest.num_samples or doc["num_tokens"] != manifest.num_tokens:

@@ -32,7 +32,13 @@ TAP_CONVENTIONS = ("hf_hidden_states",)
 
 @dataclass(frozen=True, kw_only=True)
 class TapLayers:
-    """Which target hidden states are tapped, with the indexing convention stated."""
+    """Which target hidden states are tapped, with the indexing convention stated.
+
+    Valid ids are strictly increasing and within ``1 .. L-1`` for a target of ``L`` layers
+    (:meth:`check_target`): engines capture taps in ascending layer order (another order would
+    silently permute the drafter's fc / W_c inputs when served), ``hidden_states[0]`` is not a
+    decoder layer's output SGLang can name, and ``hidden_states[L]`` is the final *normed* state.
+    """
 
     layer_ids: tuple[int, ...]
     """Tapped ``hidden_states`` indices, in the order their states are concatenated."""
@@ -41,14 +47,26 @@ class TapLayers:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
-        if not self.layer_ids:
-            raise ConfigError("TapLayers.layer_ids must name at least one layer")
-        if any(i < 0 for i in self.layer_ids):
-            raise ConfigError(f"TapLayers.layer_ids must be >= 0, got {list(self.layer_ids)}")
+        ids = list(self.layer_ids)
+        if not ids:
+            raise ConfigError("tap layers: name at least one layer")
+        if min(ids) < 1:
+            raise ConfigError(f"tap layers {ids}: ids must be >= 1 (0 is the embedding output, not a "
+                              "decoder layer's output); choose layers 1 .. L-1")
+        if any(b <= a for a, b in zip(ids, ids[1:])):
+            raise ConfigError(f"tap layers {ids} must be strictly increasing without duplicates (engines capture "
+                              f"taps in ascending layer order); use {sorted(set(ids))}")
         if self.convention not in TAP_CONVENTIONS:
             raise ConfigError(
                 f"TapLayers.convention {self.convention!r} is unknown; use one of {TAP_CONVENTIONS}"
             )
+
+    def check_target(self, num_layers: int) -> None:
+        """Raise :class:`ConfigError` unless every id lies within ``1 .. num_layers - 1``."""
+        bad = [i for i in self.layer_ids if i > num_layers - 1]
+        if bad:
+            raise ConfigError(f"tap layers {list(self.layer_ids)}: {bad} outside 1..{num_layers - 1} for a target "
+                              f"of {num_layers} layers (hidden_states[{num_layers}] is the final normed state)")
 
     @property
     def num_taps(self) -> int:
@@ -58,16 +76,8 @@ class TapLayers:
     # --- engine conventions ------------------------------------------------------------------
 
     def to_sglang(self) -> list[int]:
-        """Ids for SGLang's draft config ``eagle_aux_hidden_state_layer_ids`` (ours minus one).
-
-        Raises:
-            ConfigError: tap 0 (the embedding output) has no SGLang id.
-        """
-        if 0 in self.layer_ids:
-            raise ConfigError(
-                "tap 0 (embedding output) cannot be expressed in SGLang's aux-layer ids "
-                "(they name decoder-layer outputs); choose taps >= 1"
-            )
+        """Ids for SGLang's draft config ``eagle_aux_hidden_state_layer_ids`` (ours minus one;
+        ours are >= 1, so every tap has one)."""
         return [i - 1 for i in self.layer_ids]
 
     @classmethod
@@ -99,13 +109,16 @@ class TapLayers:
 def default_tap_layers(num_layers: int) -> TapLayers:
     """EAGLE-3's default taps ``[2, L//2, L-3]`` (HF ``hidden_states`` convention).
 
-    That is also where SGLang and vLLM capture when no ids are configured.
+    That is also where SGLang and vLLM capture when no ids are configured. For 4 <= L < 7, where
+    the formula repeats a layer, ``[1, L//2, L-1]`` (three distinct layers within ``1 .. L-1``,
+    low / middle / high as the formula intends).
 
     Raises:
-        ConfigError: for ``num_layers < 5``, where the formula would not be increasing; pass
-            explicit ``--layers`` for such tiny models.
+        ConfigError: for ``num_layers < 4``: three distinct taps within ``1 .. L-1`` do not exist.
     """
-    if num_layers < 5:
-        raise ConfigError(f"default taps [2, L//2, L-3] need at least 5 layers (target has "
-                          f"{num_layers}); pass --layers explicitly")
+    if num_layers < 4:
+        raise ConfigError(f"default taps need a target of at least 4 layers (three distinct layers within "
+                          f"1..L-1; target has {num_layers}); pass --layers explicitly")
+    if num_layers < 7:
+        return TapLayers(layer_ids=(1, num_layers // 2, num_layers - 1))
     return TapLayers(layer_ids=(2, num_layers // 2, num_layers - 3))

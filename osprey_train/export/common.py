@@ -8,17 +8,20 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from osprey_data.atomic import atomic_dir
-from osprey_data.errors import CheckpointError
+from osprey_data.errors import CheckpointError, ConfigError
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
-           "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
+           "t2d_mask", "check_eagle3_taps", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
+
+EAGLE3_NUM_TAPS = 3
+"""SGLang's LlamaForCausalLMEagle3 sizes fc as 3 x target hidden; vLLM's EAGLE-3 expects 3 aux states."""
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Files next to a drafter that travel with every export (tokenizer of the target, stats).
@@ -47,6 +50,15 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
     mask = torch.zeros(vocab_size, dtype=torch.bool)
     mask[draft_to_target_Vd.to(torch.long)] = True
     return mask
+
+
+def check_eagle3_taps(config: Any, fmt: str) -> None:
+    """Refuse to export an EAGLE-3 drafter whose tap count the engines cannot serve."""
+    if config.arch == "eagle3" and config.num_taps != EAGLE3_NUM_TAPS:
+        raise ConfigError(f"export --format {fmt}: the EAGLE-3 drafter taps {config.num_taps} target layers "
+                          f"({list(config.tap_layers.layer_ids)}); the engines' EAGLE-3 models read exactly "
+                          f"{EAGLE3_NUM_TAPS} (fc is sized 3 x target hidden): convert it again from a store "
+                          f"built with 3 --layers")
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:

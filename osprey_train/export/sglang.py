@@ -29,8 +29,8 @@ import torch
 from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError
 from osprey_data.target import TapLayers, TargetIdentity
-from osprey_train.export.common import (absolute_d2t, copy_side_files, dtype_name, load_tensors, offset_d2t,
-                                        read_json, save_tensors, t2d_mask, write_folder)
+from osprey_train.export.common import (absolute_d2t, check_eagle3_taps, copy_side_files, dtype_name, load_tensors,
+                                        offset_d2t, read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
@@ -68,6 +68,7 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
                  overwrite: bool) -> Path:
     """Write ``model`` in the layout SGLang loads (see module docstring)."""
     cfg = model.config
+    check_eagle3_taps(cfg, "sglang")
     doc = llama_layer_config(cfg, dtype)
     doc["target_hidden_size"] = cfg.target_hidden_size
     doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_sglang(),

@@ -28,8 +28,8 @@ import torch
 from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target import TapLayers
-from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
-                                        save_tensors, t2d_mask, write_folder)
+from osprey_train.export.common import (absolute_d2t, check_eagle3_taps, copy_side_files, load_tensors, offset_d2t,
+                                        read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config
 from osprey_train.models.base import Drafter
 from osprey_train.models.io import build_drafter
@@ -51,6 +51,12 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         raise ConfigError("export: vLLM has no model class for the Osprey drafter (N layers conditioned on the "
                           "target in every layer); use --format sglang (with the shipped external model class) "
                           "or --format hf")
+    check_eagle3_taps(cfg, "vllm")
+    if cfg.target_hidden_size != cfg.hidden_size:
+        raise ConfigError(f"export --format vllm: the drafter's hidden size {cfg.hidden_size} differs from the "
+                          f"target's {cfg.target_hidden_size}; vLLM's EAGLE-3 loader sizes fc as 3 x the drafter "
+                          "hidden size and refuses target_hidden_size != hidden_size, so this checkpoint could "
+                          "not be served there (use --format sglang, or a drafter as wide as the target)")
     target = cfg.target
     doc = {
         "architectures": ["Eagle3Speculator"],

@@ -122,6 +122,11 @@ class DrafterConfig:
         if self.target is not None and not isinstance(self.target, TargetIdentity):
             raise ConfigError(f"drafter config: target must be a TargetIdentity or None, got {self.target!r} "
                               "(DrafterConfig.from_dict parses the JSON form)")
+        if self.target is not None:
+            try:
+                self.tap_layers.check_target(self.target.num_layers)
+            except ConfigError as exc:
+                raise ConfigError(f"drafter config: {exc}") from None
 
     # ------------------------------------------------------------------ derived
     @property
@@ -166,7 +171,10 @@ class DrafterConfig:
         if unknown:
             raise ConfigError(f"drafter config: unknown field(s) {unknown}; known: {sorted(names)}")
         if "tap_layers" in data:
-            data["tap_layers"] = TapLayers.from_dict(data["tap_layers"])
+            try:
+                data["tap_layers"] = TapLayers.from_dict(data["tap_layers"])
+            except ConfigError as exc:
+                raise ConfigError(f"drafter config: {exc}") from None
         if data.get("target") is not None:
             data["target"] = TargetIdentity.from_dict(data["target"])
         config = cls(**data)

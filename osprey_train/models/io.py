@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from osprey_data.atomic import atomic_dir, atomic_file, write_json
-from osprey_data.errors import CheckpointError
+from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.schema_check import validate
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
@@ -63,7 +63,10 @@ def read_drafter_config(path: str | Path) -> DrafterConfig:
         )
     validate(doc, SCHEMA, where=str(file))
     fields = {k: v for k, v in doc.items() if k not in ("format", "format_version")}
-    return DrafterConfig.from_dict(fields)
+    try:
+        return DrafterConfig.from_dict(fields)
+    except ConfigError as exc:
+        raise ConfigError(f"{file}: {exc}") from None
 
 
 def save_drafter(model: Drafter, out_dir: str | Path) -> Path:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from osprey_data.errors import ConfigError, InputError
+from osprey_data.target import TapLayers
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.models.osprey import OspreyDrafter, init_w_c
@@ -77,6 +78,10 @@ class ConvertConfig:
             self.taps = tuple(int(t) for t in self.taps)
             if self.store is not None:
                 raise ConfigError("convert: --taps conflicts with --store (the store fixes the tap layers)")
+            try:
+                TapLayers(layer_ids=self.taps)
+            except ConfigError as exc:
+                raise ConfigError(f"convert --taps: {exc}") from None
         if self.draft_vocab_size < 1:
             raise ConfigError(f"convert: --draft-vocab-size must be positive, got {self.draft_vocab_size}")
         if self.out.exists() and not self.overwrite:

@@ -76,7 +76,8 @@ def resolve_target_side(*, target: str | None, store: str | None, taps: tuple[in
     model, tokenizer = load_hf_target(target)
     identity = identify_target(model, tokenizer, target)
     tap_layers = TapLayers(layer_ids=taps) if taps is not None else default_tap_layers(identity.num_layers)
-    for t in tap_layers.layer_ids:
-        if t > identity.num_layers:
-            raise ConfigError(f"convert: tap layer {t} is beyond the target's {identity.num_layers} layers")
+    try:
+        tap_layers.check_target(identity.num_layers)
+    except ConfigError as exc:
+        raise ConfigError(f"convert --taps: {exc}") from None
     return TargetSide(identity=identity, taps=tap_layers, tokenizer=tokenizer, model=model)

@@ -36,7 +36,12 @@ def test_cli_errors_are_one_line(tmp_path, tiny_llama_dir, prompts_file):
     result = CliRunner().invoke(cli, ["data", "build", "--target", str(tiny_llama_dir), "--input",
                                       str(prompts_file), "--out", str(tmp_path / "o"), "--layers", "1,99",
                                       "--device", "cpu"])
-    assert result.exit_code == 2 and "exceed the target's 6 layers" in result.output
+    assert result.exit_code == 2 and "outside 1..5 for a target of 6 layers" in result.output
+    for layers, message in (("3,1,5", "strictly increasing"), ("2,2,5", "strictly increasing"), ("0,2,5", ">= 1")):
+        result = CliRunner().invoke(cli, ["data", "build", "--target", str(tiny_llama_dir), "--input",
+                                          str(prompts_file), "--out", str(tmp_path / "bad"), "--layers", layers])
+        assert result.exit_code == 2 and "--layers: tap layers" in result.output and message in result.output
+        assert not (tmp_path / "bad").exists()  # refused before anything is written
 
 
 def test_parse_layers():

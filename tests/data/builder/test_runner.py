@@ -67,7 +67,7 @@ def test_build_contents_match_the_model(tiny_llama_dir, prompts_file, tmp_path):
     assert validate_store(str(store)).problems == []
     r = StoreReader(str(store))
     h = r.header
-    assert h.taps.layer_ids == (2, 3, 3) and h.topk == 8 and h.has_final_hidden
+    assert h.taps.layer_ids == (1, 3, 5) and h.topk == 8 and h.has_final_hidden
     assert h.generation["greedy"] and h.generation["max_new_tokens"] == 6 and h.generation["regenerate"]
     assert h.build_config["temperature"] == 0.0 and h.build_config["dtype"] == "float32"
     model = hf_module.HFBackend(config(tiny_llama_dir, [prompts_file], store))
@@ -88,7 +88,7 @@ def test_build_contents_match_the_model(tiny_llama_dir, prompts_file, tmp_path):
     assert renderer.decode_response(response) == s.conversation[3]["content"]
     with torch.no_grad():
         out = model.model(input_ids=torch.tensor(s.token_ids[None], dtype=torch.long), output_hidden_states=True)
-    ref = torch.stack([out.hidden_states[i][0] for i in (2, 3, 3)], dim=1)
+    ref = torch.stack([out.hidden_states[i][0] for i in (1, 3, 5)], dim=1)
     torch.testing.assert_close(torch.from_numpy(s.hidden_TLD), ref.bfloat16().float())  # bf16 codec, exact
     torch.testing.assert_close(torch.from_numpy(s.final_hidden_TD), out.hidden_states[6][0].bfloat16().float())
     lp, ids = torch.log_softmax(out.logits[0], -1).topk(8)

@@ -49,3 +49,16 @@ def test_header_checks_and_differences():
     a, b = make_header(), make_header(config_hash="zzz")
     assert header_differences(a, a) == []
     assert header_differences(a, b)[0].startswith("target.config_hash")
+
+
+@pytest.mark.parametrize("layer_ids, match", [
+    ([3, 2, 4], "strictly increasing"),
+    ([2, 2, 4], "strictly increasing"),
+    ([0, 2, 4], ">= 1"),
+    ([2, 3, 6], "outside 1..5"),  # the target has 6 layers: hidden_states[6] is the final normed state
+])
+def test_store_header_with_bad_taps_is_refused_naming_the_file(layer_ids, match):
+    d = _manifest().to_dict()
+    d["header"]["taps"]["layer_ids"] = layer_ids
+    with pytest.raises(SchemaError, match=f"x/manifest.json: invalid store header: .*{match}"):
+        parse_manifest(json.dumps(d).encode(), where="x/manifest.json")

@@ -175,6 +175,24 @@ def test_osprey_to_vllm_is_refused_and_options_checked(drafters, tmp_path):
         ExportConfig(drafter=folder, format="hf", out=tmp_path / "x", dtype="int8")
 
 
+def test_engine_exports_refuse_what_the_engines_cannot_serve(tmp_path):
+    from osprey_cli.main import cli
+
+    two_taps = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, tap_layers=TapLayers(layer_ids=(2, 4))))
+    save_drafter(two_taps, tmp_path / "two")
+    for fmt in ("sglang", "vllm"):
+        with pytest.raises(ConfigError, match="exactly 3"):
+            run(ExportConfig(drafter=tmp_path / "two", format=fmt, out=tmp_path / fmt))
+        assert not (tmp_path / fmt).exists()
+    run(ExportConfig(drafter=tmp_path / "two", format="hf", out=tmp_path / "hf"))  # our own format: fine
+    narrow = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, target_hidden_size=48))
+    save_drafter(narrow, tmp_path / "narrow")
+    res = CliRunner().invoke(cli, ["export", "--drafter", str(tmp_path / "narrow"), "--format", "vllm",
+                                   "--out", str(tmp_path / "v")])
+    assert res.exit_code == 2 and "refuses target_hidden_size != hidden_size" in res.output
+    run(ExportConfig(drafter=tmp_path / "narrow", format="sglang", out=tmp_path / "s"))  # SGLang sizes fc by Dt
+
+
 def test_cli_export(drafters, tmp_path):
     from osprey_cli.main import cli
 

@@ -113,3 +113,19 @@ def test_config_json_holds_typed_taps_and_target_and_reads_the_old_form(tmp_path
 def test_config_refuses_untyped_taps():
     with pytest.raises(ConfigError, match="TapLayers"):
         DrafterConfig.from_name("tiny", tap_layers={"layer_ids": [2, 3, 4]})
+
+
+def test_config_with_bad_taps_is_refused_naming_the_file(tmp_path):
+    out = save_drafter(_model("tiny"), tmp_path / "c")
+    doc = json.loads((out / "config.json").read_text())
+    for ids, match in (([4, 3, 2], "strictly increasing"), ([2, 3, 3], "strictly increasing"), ([0, 3, 4], ">= 1")):
+        (out / "config.json").write_text(json.dumps({**doc, "tap_layers": {"layer_ids": ids,
+                                                                           "convention": "hf_hidden_states"}}))
+        with pytest.raises(ConfigError, match=f"config.json: drafter config: tap layers .*{match}"):
+            load_drafter(out)
+    # beyond the recorded target's layers (hidden_states[L] is the final normed state)
+    target = {"name_or_path": "t", "model_type": "llama", "config_hash": "c", "tokenizer_hash": "t",
+              "vocab_size": 384, "hidden_size": 64, "num_layers": 4, "dtype": "float32"}
+    (out / "config.json").write_text(json.dumps({**doc, "target": target}))
+    with pytest.raises(ConfigError, match=r"config.json: drafter config: .*outside 1\.\.3"):
+        load_drafter(out)

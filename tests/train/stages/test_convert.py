@@ -101,7 +101,7 @@ def test_converted_rows_and_config(pair, converted):
     drafter = load_drafter(converted.out)
     cfg = drafter.config
     assert cfg.vocab_size == 320 and cfg.target_hidden_size == 48 and cfg.hidden_size == 64
-    assert cfg.tap_layers == TapLayers(layer_ids=(2, 3, 3))  # default taps, L=6
+    assert cfg.tap_layers == TapLayers(layer_ids=(1, 3, 5))  # default taps, L=6
     assert cfg.target.name_or_path == str(target_dir)
     assert all(float(b.detach().abs().max()) == 0.0 for b in drafter.extra_column_blocks())
     assert float(drafter.w_c.weight.detach().abs().max()) > 0
@@ -197,3 +197,10 @@ def test_cli_convert(pair, tmp_path):
     res = runner.invoke(cli, ["train", "convert", "--backbone", str(tmp_path / "nope"), "--target", str(target),
                               "--out", str(tmp_path / "e")])
     assert res.exit_code == 2 and "config.json" in res.output
+    # taps are checked where they enter: order, duplicates, and the target's 6 layers (1..5)
+    for taps, message in (("3,1,5", "strictly increasing"), ("1,1,5", "strictly increasing"),
+                          ("1,2,6", "outside 1..5")):
+        res = runner.invoke(cli, ["train", "convert", "--backbone", str(backbone), "--target", str(target),
+                                  "--taps", taps, "--out", str(tmp_path / "f")])
+        assert res.exit_code == 2 and message in res.output, res.output
+        assert not (tmp_path / "f").exists()
