@@ -24,6 +24,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+    # Interop tests need the speculators package, which lives in its own environment (its pins
+    # differ from ours): they run only when the -m expression names them (`pytest -m interop`),
+    # and there they fail rather than skip when the package is missing.
+    if "interop" not in (config.getoption("markexpr") or ""):
+        interop = [item for item in items if "interop" in item.keywords]
+        if interop:
+            config.hook.pytest_deselected(items=interop)
+            items[:] = [item for item in items if "interop" not in item.keywords]
 
 
 @pytest.fixture(scope="session")
