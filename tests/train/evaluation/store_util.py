@@ -67,15 +67,17 @@ def quick_distill(drafter, reader, *, steps: int = 40, lr: float = 3e-3, ttt_ste
     import torch
 
     from osprey_train.distill_data.packing import pack_samples
+    from osprey_train.ttt.loss import VocabMap
     from osprey_train.ttt.unroll import ttt_loss
 
     batch = pack_samples([reader.sample(i, as_torch=True) for i in range(len(reader))], 10**6)
     batch.taps_BTLDt = batch.taps_BTLDt.float()
+    vmap = VocabMap.from_drafter(drafter.draft_to_target, drafter.config.vocab_size)
     drafter.train()
     opt = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=lr)
     for _ in range(steps):
         opt.zero_grad()
-        ttt_loss(drafter, batch, steps=ttt_steps).loss.backward()
+        ttt_loss(drafter, batch, steps=ttt_steps, vmap=vmap).loss.backward()
         opt.step()
     return drafter.eval()
 
