@@ -16,7 +16,10 @@ import-guarded: without SGLang this module imports fine and defines no ``EntryCl
 Runtime contract (as for SGLang's EAGLE-3 draft models): ``forward_batch.spec_info.hidden_states``
 is either the target's concatenated taps (width num_taps*Dt -> projected by W_c) or the drafter's
 own previous pre-norm hidden state (width D); the model returns logits plus that pre-norm hidden
-state as the auxiliary state for the next draft step. ``set_embed`` is a no-op: the Osprey
+state as the auxiliary state for the next draft step. The class adds nothing to what SGLang feeds
+it: SGLang's draft extend pairs the target's states ``h_0..h_{n-1}`` with the left-shifted ids
+``[x_1..x_{n-1}, verified]`` at positions ``0..n-1``, exactly the layout the drafter was trained in
+(:mod:`osprey_train.ttt.layout`; no ``(x_0, zeros)`` slot anywhere). ``set_embed`` is a no-op: the Osprey
 embedding is the aligned backbone embedding in the drafter's own hidden size, not the target's.
 """
 

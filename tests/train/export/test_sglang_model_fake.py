@@ -7,8 +7,10 @@ row-parallel linear, neox-style rotary (HF half rotation), causal attention over
 RMSNorm, and a logits processor that returns logits plus the concatenated aux hidden states. The
 exported checkpoint is loaded through the class's own ``load_weights`` and must reproduce the Osprey
 drafter's logits and pre-norm hidden state, for a first step (target taps through W_c) and a
-second step (its own hidden state as the condition). What this cannot catch: differences between
-these stand-ins and the real SGLang kernels (checked only by the sglang-marked test on a GPU box).
+second step (its own hidden state as the condition), and, fed as SGLang's draft extend + decode
+feed it (left-shifted ids), draft the chains of our offline drafting. What this cannot catch:
+differences between these stand-ins and the real SGLang kernels (checked only by the
+sglang-marked test on a GPU box).
 """
 
 from __future__ import annotations
@@ -208,4 +210,19 @@ def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset):
         second = model(nxt, torch.tensor([6]), batch)
         ref = drafter.forward_hidden(nxt[None], hidden[:, -1:], torch.tensor([[6]]), cache)
         torch.testing.assert_close(second.next_token_logits, drafter.logits(ref)[0], rtol=1e-4, atol=1e-4)
+    # Served as SGLang serves it: draft extend of the left-shifted ids [x_1..x_6] with the target's
+    # h_0..h_5 at positions 0..5, then decode steps: the class's chain equals our offline drafts
+    # after x_0..x_6 are committed (slot 5).
+    from osprey_train.evaluation.chain_draft import draft_all_positions
+
+    tokens = torch.randint(0, cfg.vocab_size, (7,), generator=g)
+    hidden = torch.randn(7, cfg.num_taps, cfg.target_hidden_size, generator=g)
+    batch = types.SimpleNamespace(kv={}, spec_info=types.SimpleNamespace(hidden_states=hidden[:6].reshape(6, -1)))
+    out = model(tokens[1:], torch.arange(6), batch)
+    chain = []
+    for step in range(3):
+        chain.append(int(out.next_token_logits[-1].argmax()))
+        batch.spec_info.hidden_states = out.hidden_states[-1:]
+        out = model(torch.tensor([chain[-1]]), torch.tensor([6 + step]), batch)
+    assert chain == draft_all_positions(drafter, tokens, hidden, 3)[5].tolist()
     assert "sglang" in sys.modules  # the fakes are active only inside this test (monkeypatch undoes them)
