@@ -31,7 +31,7 @@ __all__ = ["distill"]
               help="EAGLE-3: also score positions whose target top-1 is outside the draft vocabulary "
                    "(left out by default: such a token can never be accepted).")
 @click.option("--tokens-per-batch", type=int, default=4096, show_default=True,
-              help="Token budget of one packed micro-batch.")
+              help="Budget of one packed micro-batch in slots (a sample of n tokens fills n - 1).")
 @click.option("--prefetch", type=int, default=2, show_default=True,
               help="Micro-batches read from the store ahead of training, on a background thread (0 = off).")
 @click.option("--attention", type=click.Choice(["auto", "flex", "sdpa", "eager"]), default="auto",

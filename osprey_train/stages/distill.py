@@ -70,7 +70,8 @@ class DistillConfig:
     """EAGLE-3: also score positions whose target top-1 is outside the draft vocabulary (never
     acceptable; left out by default, as SpecForge does). No effect on Osprey drafters."""
     tokens_per_batch: int = 4096
-    """Token budget of one packed micro-batch (one row of whole samples, no padding)."""
+    """Budget of one packed micro-batch in slots (one row of whole samples, no padding; a sample of n tokens
+    fills n - 1 slots, see osprey_train.ttt.layout)."""
     prefetch: int = 2
     """Micro-batches read and packed ahead of training on a background thread (0 = off): the
     step never waits on the store. Batches are identical either way; memory: this many batches."""
