@@ -28,7 +28,8 @@ __all__ = ["distill"]
 @click.option("--target-model", default=None,
               help="Target HF folder for --target-dist full (default: the store's target path).")
 @click.option("--score-out-of-vocab", is_flag=True,
-              help="EAGLE-3: also score positions whose target top-1 is outside the draft vocabulary "
+              help="Draft-vocabulary drafters (EAGLE-3, convert --draft-vocab): also score positions whose "
+                   "target top-1 is outside the draft vocabulary "
                    "(left out by default: such a token can never be accepted).")
 @click.option("--tokens-per-batch", type=int, default=4096, show_default=True,
               help="Budget of one packed micro-batch in slots (a sample of n tokens fills n - 1).")

@@ -37,12 +37,14 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output drafter folder.")
 @click.option("--arch", type=click.Choice(["osprey", "eagle3"]), default="osprey", show_default=True)
 @click.option("--taps", default=None, help="Comma-separated tap layers (HF hidden_states ids) without --store.")
-@click.option("--draft-vocab-size", type=int, default=32000, show_default=True,
-              help="eagle3: number of draft-vocabulary tokens.")
+@click.option("--draft-vocab", "--draft-vocab-size", "draft_vocab_size", type=int, default=None,
+              help="Draft vocabulary: the N target tokens most frequent at --store's loss-masked positions "
+                   "(LM head cut to them, d2t map stored). Default: osprey the full target vocabulary, "
+                   "eagle3 32000.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random parts.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 def convert(backbone: Path | None, target: str | None, store: str | None, out: Path, arch: str,
-            taps: str | None, draft_vocab_size: int, seed: int, overwrite: bool) -> None:
+            taps: str | None, draft_vocab_size: int | None, seed: int, overwrite: bool) -> None:
     """Stage 3: align vocabulary, add zero-init conditioned QKV columns and W_c (or init EAGLE-3)."""
     from osprey_train.stages.convert import ConvertConfig, run
 

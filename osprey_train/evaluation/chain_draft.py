@@ -15,7 +15,8 @@ with a KV cache and rollback (what a live decoder does) is
 ``tests/train/evaluation/test_sglang_layout.py`` checks this one against SGLang's draft-extend +
 decode semantics written out independently.
 
-Drafts are TARGET-vocabulary ids (EAGLE-3 draft ids mapped through :class:`VocabMap`).
+Drafts are TARGET-vocabulary ids (draft-vocabulary ids of EAGLE-3 drafters and of Osprey drafters
+converted with ``--draft-vocab`` mapped through :class:`VocabMap`).
 
 Legend: T tokens, P = T - 1 slots, L taps, Dt target hidden, D drafter hidden, S draft steps.
 """

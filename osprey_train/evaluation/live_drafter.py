@@ -21,7 +21,7 @@ tests check both give the same drafts. Chain drafting with a KV cache
 codec first, so the drafter sees bit-for-bit what training and offline evaluation fed it from a
 store; without it the drafter reads the target's float32 taps.
 
-EAGLE-3 drafters predict over a draft vocabulary; :class:`~osprey_train.ttt.loss.VocabMap` maps
+EAGLE-3 drafters (and Osprey drafters converted with ``--draft-vocab``) predict over a draft vocabulary; :class:`~osprey_train.ttt.loss.VocabMap` maps
 their ids to target ids and scatters the draft distribution into the target vocabulary for
 rejection sampling.
 

@@ -17,6 +17,8 @@ Osprey drafter -> the same kind of folder with ``architectures: [OspreyDrafterFo
 by the external model class in ``osprey_train/export/sglang_model.py`` (set
 ``SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.export``). Tensor names are the Osprey drafter's own
 (``model.layers.i.*``, ``w_c.weight``, ...); the DrafterConfig travels under ``osprey_drafter``.
+With a reduced draft vocabulary, ``d2t`` / ``t2d`` are written as for EAGLE-3 (offsets; the class
+turns them into SGLang's ``hot_token_id``).
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ def llama_layer_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]
     return doc
 
 
-def _eagle3_state(model: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _engine_state(model: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors in ``dtype``; a draft vocabulary as the engines' int64 d2t offsets + t2d mask."""
     state = {k: v.to(dtype) for k, v in model.state_dict().items() if k != "d2t"}
-    state["d2t"] = offset_d2t(model.draft_to_target)
-    state["t2d"] = t2d_mask(model.draft_to_target, model.config.vocab_size)
+    if model.draft_to_target is not None:
+        state["d2t"] = offset_d2t(model.draft_to_target)
+        state["t2d"] = t2d_mask(model.draft_to_target, model.config.vocab_size)
     return state
 
 
@@ -77,11 +81,10 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     doc["osprey_target"] = None if cfg.target is None else cfg.target.to_dict()
     if cfg.arch == "eagle3":
         doc.update(architectures=[EAGLE3_SGLANG_ARCH], draft_vocab_size=cfg.draft_vocab_size)
-        state = _eagle3_state(model, dtype)
     else:
-        doc.update(architectures=[OSPREY_SGLANG_ARCH], draft_vocab_size=cfg.vocab_size,
+        doc.update(architectures=[OSPREY_SGLANG_ARCH], draft_vocab_size=cfg.draft_vocab_size,
                    osprey_drafter=cfg.to_dict())
-        state = {k: v.to(dtype) for k, v in model.state_dict().items()}
+    state = _engine_state(model, dtype)
 
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
@@ -125,11 +128,12 @@ def read_sglang(path: Path) -> Drafter:
         config = DrafterConfig.from_dict(doc["osprey_drafter"])
     elif arch == EAGLE3_SGLANG_ARCH:
         config = _config_from_llama(doc, where=path / "config.json")
-        state["d2t"] = absolute_d2t(state["d2t"])
-        state.pop("t2d", None)
     else:
         raise CheckpointError(f"{path / 'config.json'}: architectures {doc.get('architectures')} is not an "
                               f"Osprey SGLang export ({EAGLE3_SGLANG_ARCH} or {OSPREY_SGLANG_ARCH})")
+    if "d2t" in state:
+        state["d2t"] = absolute_d2t(state["d2t"])
+        state.pop("t2d", None)
     model = build_drafter(config)
     dtype = next(v.dtype for k, v in state.items() if v.is_floating_point())
     model.to(dtype)

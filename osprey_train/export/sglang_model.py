@@ -21,6 +21,9 @@ it: SGLang's draft extend pairs the target's states ``h_0..h_{n-1}`` with the le
 ``[x_1..x_{n-1}, verified]`` at positions ``0..n-1``, exactly the layout the drafter was trained in
 (:mod:`osprey_train.ttt.layout`; no ``(x_0, zeros)`` slot anywhere). ``set_embed`` is a no-op: the Osprey
 embedding is the aligned backbone embedding in the drafter's own hidden size, not the target's.
+A drafter with a reduced draft vocabulary has ``draft_vocab_size`` LM-head rows and a ``d2t``
+tensor (offsets); ``load_weights`` turns it into ``hot_token_id = d2t + arange`` (draft id ->
+target id), which SGLang's EAGLE worker applies to the drafted ids, as for ``LlamaForCausalLMEagle3``.
 """
 
 from __future__ import annotations
@@ -156,15 +159,15 @@ if SGLANG_AVAILABLE:  # pragma: no cover - needs SGLang + GPU
                                  "width test cannot tell target taps from the drafter's own hidden state")
             self.model = OspreySGLangBody(od, quant_config, "model")
             self.w_c = nn.Linear(taps_width, od["hidden_size"], bias=False)
-            self.lm_head = ParallelLMHead(od["vocab_size"], od["hidden_size"], quant_config=quant_config,
+            self.lm_head = ParallelLMHead(od["draft_vocab_size"], od["hidden_size"], quant_config=quant_config,
                                           prefix="lm_head")
             self.logits_processor = LogitsProcessor(config)
             self.capture_aux_hidden_states = True
             self.load_lm_head_from_target = False
-            self.hot_token_id = None  # full target vocabulary: no draft->target map
+            self.hot_token_id = None  # full target vocabulary: no draft->target map (set by a d2t tensor)
 
         def get_hot_token_id(self):
-            return None
+            return self.hot_token_id
 
         def get_embed_and_head(self):
             return self.model.embed_tokens.weight, self.lm_head.weight
@@ -191,6 +194,11 @@ if SGLANG_AVAILABLE:  # pragma: no cover - needs SGLang + GPU
         def load_weights(self, weights: Iterable[tuple[str, "torch.Tensor"]]) -> None:
             params = dict(self.named_parameters())
             for name, tensor in weights:
+                if name == "d2t":  # offsets of the draft vocabulary: draft id i -> target id i + d2t[i]
+                    self.hot_token_id = tensor.long() + torch.arange(tensor.shape[0], device=tensor.device)
+                    continue
+                if name == "t2d":  # not used by SGLang
+                    continue
                 target, shard = map_weight_name(name)
                 if target not in params:
                     raise ValueError(f"Osprey drafter: checkpoint tensor {name!r} has no parameter {target!r}")

@@ -45,10 +45,42 @@ class Drafter(nn.Module):
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------
+    def _register_draft_vocab(self) -> None:
+        """The ``d2t`` buffer: absolute draft id -> target id, identity until :meth:`set_draft_vocab`.
+
+        (The engines store the offset ``d2t - arange``; the exporters convert.)
+        """
+        self.register_buffer("d2t", torch.arange(self.config.draft_vocab_size, dtype=torch.long))
+
     @property
     def draft_to_target(self) -> torch.Tensor | None:
         """Draft id -> target id (LongTensor (V_draft,)) when the draft vocab is a subset, else None."""
-        return None
+        return getattr(self, "d2t", None)
+
+    @torch.no_grad()
+    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Install the draft vocabulary: strictly increasing target ids, one per LM-head row."""
+        if self.draft_to_target is None:
+            raise ModelError("this drafter predicts the full target vocabulary (draft_vocab_size == vocab_size); "
+                             "it has no draft vocabulary to set")
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long)
+        cfg = self.config
+        if ids.shape != (cfg.draft_vocab_size,):
+            raise ModelError(f"draft vocabulary has {tuple(ids.shape)} ids, expected ({cfg.draft_vocab_size},)")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+            raise ModelError(f"draft vocabulary ids must lie in [0, {cfg.vocab_size})")
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ModelError("draft vocabulary ids must be strictly increasing (sorted, no duplicates)")
+        self.d2t.copy_(ids.to(self.d2t.device))
+
+    def target_to_draft_mask(self) -> torch.Tensor:
+        """t2d: bool (V,), True where the target token is in the draft vocabulary (all True without one)."""
+        d2t = self.draft_to_target
+        if d2t is None:
+            return torch.ones(self.config.vocab_size, dtype=torch.bool, device=self.lm_head.weight.device)
+        mask = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=d2t.device)
+        mask[d2t] = True
+        return mask
 
     def fuse_taps(self, taps_BTLDt: torch.Tensor) -> torch.Tensor:
         """Project the concatenated target taps (B, T, L, Dt) to the condition (B, T, D)."""

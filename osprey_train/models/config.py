@@ -62,9 +62,10 @@ class DrafterConfig:
     qk_norm: bool = False
     """Per-head RMSNorm on q and k before rotary (Qwen3)."""
     vocab_size: int = 384
-    """TARGET vocabulary size (embedding rows; lm_head rows for osprey)."""
+    """TARGET vocabulary size (embedding rows)."""
     draft_vocab_size: int = 384
-    """LM head rows: == vocab_size for osprey, top-N draft vocabulary for eagle3."""
+    """LM head rows: the draft vocabulary (top-N target tokens, mapped by ``d2t``); osprey:
+    == vocab_size for the full vocabulary (no ``d2t``), smaller for a reduced one."""
     target_hidden_size: int = 64
     """Hidden size Dt of the target model's tapped states."""
     tap_layers: TapLayers = field(default_factory=lambda: TapLayers(layer_ids=(2, 3, 4)))
@@ -95,9 +96,6 @@ class DrafterConfig:
                 f"drafter config: draft_vocab_size={self.draft_vocab_size} exceeds the target "
                 f"vocab_size={self.vocab_size}"
             )
-        if self.arch == "osprey" and self.draft_vocab_size != self.vocab_size:
-            raise ConfigError("drafter config: an osprey drafter predicts the full target vocabulary; "
-                              "set draft_vocab_size == vocab_size")
         if self.arch == "eagle3":
             if self.num_layers != 1:
                 raise ConfigError(f"drafter config: eagle3 has exactly one layer, got num_layers={self.num_layers}")

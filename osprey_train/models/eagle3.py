@@ -61,8 +61,7 @@ class Eagle3Drafter(Drafter):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary_emb = RotaryEmbedding(config)
-        # Absolute draft id -> target id (the engines store the offset d2t = d2t_abs - arange).
-        self.register_buffer("d2t", torch.arange(config.draft_vocab_size, dtype=torch.long))
+        self._register_draft_vocab()
         self.reset_parameters()
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -75,29 +74,6 @@ class Eagle3Drafter(Drafter):
                     module.weight.normal_(std=std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
-
-    @property
-    def draft_to_target(self) -> torch.Tensor:
-        return self.d2t
-
-    @torch.no_grad()
-    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
-        """Install the draft vocabulary: strictly increasing target ids, one per LM-head row."""
-        ids = torch.as_tensor(draft_to_target, dtype=torch.long)
-        cfg = self.config
-        if ids.shape != (cfg.draft_vocab_size,):
-            raise ModelError(f"draft vocabulary has {tuple(ids.shape)} ids, expected ({cfg.draft_vocab_size},)")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
-            raise ModelError(f"draft vocabulary ids must lie in [0, {cfg.vocab_size})")
-        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise ModelError("draft vocabulary ids must be strictly increasing (sorted, no duplicates)")
-        self.d2t.copy_(ids.to(self.d2t.device))
-
-    def target_to_draft_mask(self) -> torch.Tensor:
-        """t2d: bool (V,), True where the target token is in the draft vocabulary."""
-        mask = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
-        mask[self.d2t] = True
-        return mask
 
     def taps_projection(self) -> nn.Linear:
         return self.fc

@@ -11,6 +11,10 @@ Parameter names are the source model's HF names (``model.embed_tokens``, ``model
 - in every layer, q/k/v_proj weights are (out, 2D): columns [:D] read z = input_layernorm(x)
   exactly as in the source, columns [D:] read cond_norm(c). Zero extra columns => the layer
   computes exactly what the source layer computed, for any c.
+- optionally a reduced draft vocabulary (EAGLE-3's mechanism, ``draft_vocab_size < vocab_size``):
+  the LM head keeps only the rows of ``draft_vocab_size`` target tokens and the ``d2t`` buffer
+  maps LM-head row -> target id. The embedding stays over the full target vocabulary (drafts are
+  fed back as target ids). Without it there is no ``d2t`` and ``draft_to_target`` is None.
 
 Legend: B batch, T tokens, L taps, Dt target hidden, D hidden, V target vocab.
 """
@@ -60,7 +64,7 @@ class _Body(nn.Module):
 
 
 class OspreyDrafter(Drafter):
-    """N conditioned source-family layers over the target vocabulary."""
+    """N conditioned source-family layers over the target vocabulary (or a draft subset of it)."""
 
     def __init__(self, config: DrafterConfig) -> None:
         if config.arch != "osprey":
@@ -68,7 +72,9 @@ class OspreyDrafter(Drafter):
         super().__init__(config)
         self.model = _Body(config)
         self.w_c = nn.Linear(config.taps_width, config.hidden_size, bias=False)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        if config.draft_vocab_size < config.vocab_size:
+            self._register_draft_vocab()  # reduced draft vocabulary: LM-head row i predicts target d2t[i]
         self.reset_parameters()
 
     def reset_parameters(self, std: float = 0.02) -> None:

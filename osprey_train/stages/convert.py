@@ -7,9 +7,14 @@ Steps (``osprey train convert --backbone DIR --target MODEL|--store STORE --out 
    ``--taps``); the target tokenizer from ``--target`` or the store's ``target.name_or_path``;
 2. vocabulary alignment of the embedding and the LM head (``vocab_align.align_vocab``), stats
    written to ``alignment_stats.json``;
-3. the backbone's decoder layers copied 1:1, q/k/v widened with zero-initialised columns that read
+3. optionally (``--draft-vocab N``, needs ``--store``) a reduced draft vocabulary, EAGLE-3's
+   mechanism: the N target tokens most frequent at the store's loss-masked positions
+   (``eagle3_init.draft_vocab_from_store``); the aligned LM head keeps only their rows and the
+   drafter stores the draft -> target map ``d2t``; stats in ``draft_vocab.json``. On the kept
+   tokens the drafter's logits are exactly the full-vocabulary ones;
+4. the backbone's decoder layers copied 1:1, q/k/v widened with zero-initialised columns that read
    the condition, W_c initialised non-zero (see ``osprey.init_w_c`` for why);
-4. ``model.safetensors`` + ``config.json`` (+ the target tokenizer) written atomically.
+5. ``model.safetensors`` + ``config.json`` (+ the target tokenizer) written atomically.
 
 ``--arch eagle3`` delegates to ``eagle3_init`` (random body, target embedding, store draft vocab).
 """
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from osprey_data.errors import ConfigError, InputError
@@ -27,7 +33,7 @@ from osprey_data.target import TapLayers
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.models.osprey import OspreyDrafter, init_w_c
-from osprey_train.stages.eagle3_init import Eagle3InitConfig
+from osprey_train.stages.eagle3_init import VOCAB_FILE, Eagle3InitConfig, draft_vocab_from_store
 from osprey_train.stages.eagle3_init import run as run_eagle3
 from osprey_train.stages.prune import load_source
 from osprey_train.stages.target_side import TargetSide, resolve_target_side
@@ -36,6 +42,8 @@ from osprey_train.stages.vocab_align import align_vocab
 __all__ = ["ConvertConfig", "ConvertResult", "run", "convert_backbone"]
 
 STATS_FILE = "alignment_stats.json"
+EAGLE3_DRAFT_VOCAB = 32000
+"""--arch eagle3 draft vocabulary size when --draft-vocab is not given."""
 
 
 @dataclass(kw_only=True)
@@ -54,8 +62,10 @@ class ConvertConfig:
     """Feature store built for the target: identity and tap layers come from its manifest."""
     taps: tuple[int, ...] | None = None
     """Tap layers (HF hidden_states convention) when there is no store; default [2, L//2, L-3]."""
-    draft_vocab_size: int = 32000
-    """eagle3: size of the draft vocabulary (top-N loss-masked tokens of the store)."""
+    draft_vocab_size: int | None = None
+    """``--draft-vocab N``: the draft vocabulary, the N target tokens most frequent at the store's
+    loss-masked positions (needs ``--store``). None: osprey predicts the full target vocabulary,
+    eagle3 takes 32000 tokens."""
     seed: int = 0
     """Seed of the random parts (W_c; eagle3 body)."""
     overwrite: bool = False
@@ -82,8 +92,12 @@ class ConvertConfig:
                 TapLayers(layer_ids=self.taps)
             except ConfigError as exc:
                 raise ConfigError(f"convert --taps: {exc}") from None
-        if self.draft_vocab_size < 1:
-            raise ConfigError(f"convert: --draft-vocab-size must be positive, got {self.draft_vocab_size}")
+        if self.draft_vocab_size is not None:
+            if self.draft_vocab_size < 1:
+                raise ConfigError(f"convert: --draft-vocab must be positive, got {self.draft_vocab_size}")
+            if self.store is None:
+                raise ConfigError("convert: --draft-vocab needs --store (the draft vocabulary is the store's most "
+                                  "frequent loss-masked tokens)")
         if self.out.exists() and not self.overwrite:
             raise ConfigError(f"convert: output folder {self.out} exists; pass --overwrite or choose another --out")
 
@@ -95,16 +109,20 @@ class ConvertResult:
     out: Path
     """The drafter folder."""
     stats: dict
-    """alignment_stats.json (osprey) or draft_vocab.json (eagle3) contents."""
+    """alignment_stats.json (osprey, plus ``draft_vocab`` with --draft-vocab) or draft_vocab.json (eagle3)."""
 
 
 @torch.no_grad()
 def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, seed: int = 0,
-                     where: str = "backbone") -> tuple[Any, Any]:
-    """(OspreyDrafter, VocabAlignment) for an HF backbone model and a resolved target side."""
+                     where: str = "backbone", draft_ids: np.ndarray | None = None) -> tuple[Any, Any]:
+    """(OspreyDrafter, VocabAlignment) for an HF backbone model and a resolved target side.
+
+    ``draft_ids`` (sorted target ids) makes a reduced draft vocabulary: the LM head keeps those rows.
+    """
     identity = side.identity
+    draft_vocab_size = identity.vocab_size if draft_ids is None else int(len(draft_ids))
     config = drafter_config_from_hf(
-        backbone.config, where=where, vocab_size=identity.vocab_size, draft_vocab_size=identity.vocab_size,
+        backbone.config, where=where, vocab_size=identity.vocab_size, draft_vocab_size=draft_vocab_size,
         target_hidden_size=identity.hidden_size, tap_layers=side.taps, target=identity,
     )
     embed_VsD = backbone.get_input_embeddings().weight.detach().float()
@@ -117,7 +135,12 @@ def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, 
     copy_backbone_layers(drafter.model.layers, state, where=where)
     drafter.model.norm.weight.copy_(state["model.norm.weight"])
     drafter.model.embed_tokens.weight.copy_(alignment.apply(embed_VsD))
-    drafter.lm_head.weight.copy_(alignment.apply(head_VsD))
+    head_VtD = alignment.apply(head_VsD)
+    if draft_ids is None:
+        drafter.lm_head.weight.copy_(head_VtD)
+    else:
+        drafter.set_draft_vocab(torch.as_tensor(draft_ids, dtype=torch.long))
+        drafter.lm_head.weight.copy_(head_VtD[drafter.draft_to_target])
     for layer in drafter.model.layers:
         layer.cond_norm.weight.fill_(1.0)
     drafter.zero_extra_columns()
@@ -136,20 +159,31 @@ def _run_osprey(config: ConvertConfig) -> ConvertResult:
                          "written by `osprey train prune` / `osprey train pretrain`")
     backbone, source_tokenizer = load_source(str(config.backbone))
     side = resolve_target_side(target=config.target, store=config.store, taps=config.taps)
+    draft_ids, vocab_stats = None, None
+    if config.draft_vocab_size is not None:
+        draft_ids, vocab_stats = draft_vocab_from_store(config.store, side.identity.vocab_size,
+                                                        config.draft_vocab_size)
+        if len(draft_ids) == side.identity.vocab_size:
+            draft_ids = None  # every target token: the full vocabulary, no map needed
     drafter, alignment = convert_backbone(backbone, source_tokenizer, side, seed=config.seed,
-                                          where=str(config.backbone))
+                                          where=str(config.backbone), draft_ids=draft_ids)
     stats = {**alignment.stats(), "backbone": str(config.backbone),
              "target": side.identity.name_or_path, "tap_layers": side.taps.to_dict()}
-    write_drafter_folder(drafter, config.out, tokenizer=side.tokenizer, extra={STATS_FILE: stats},
-                         overwrite=config.overwrite)
+    extra = {STATS_FILE: stats}
+    if vocab_stats is not None:
+        extra[VOCAB_FILE] = vocab_stats
+        stats = {**stats, "draft_vocab_size": vocab_stats["draft_vocab_size"],
+                 "draft_vocab_coverage": vocab_stats["coverage"]}
+    write_drafter_folder(drafter, config.out, tokenizer=side.tokenizer, extra=extra, overwrite=config.overwrite)
     return ConvertResult(out=config.out, stats=stats)
 
 
 def run(config: ConvertConfig) -> ConvertResult:
     """Convert a backbone into an Osprey drafter, or initialise an EAGLE-3 baseline."""
     if config.arch == "eagle3":
+        size = EAGLE3_DRAFT_VOCAB if config.draft_vocab_size is None else config.draft_vocab_size
         result = run_eagle3(Eagle3InitConfig(target=config.target, store=config.store, out=config.out,
-                                             draft_vocab_size=config.draft_vocab_size, seed=config.seed,
+                                             draft_vocab_size=size, seed=config.seed,
                                              overwrite=config.overwrite))
         return ConvertResult(out=result.out, stats=result.stats)
     return _run_osprey(config)

@@ -67,8 +67,9 @@ class DistillConfig:
     target_model: str | None = None
     """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
     score_out_of_vocab: bool = False
-    """EAGLE-3: also score positions whose target top-1 is outside the draft vocabulary (never
-    acceptable; left out by default, as SpecForge does). No effect on Osprey drafters."""
+    """Drafters with a draft vocabulary (EAGLE-3, Osprey converted with ``--draft-vocab``): also
+    score positions whose target top-1 is outside it (never acceptable; left out by default, as
+    SpecForge does). No effect on full-vocabulary drafters."""
     tokens_per_batch: int = 4096
     """Budget of one packed micro-batch in slots (one row of whole samples, no padding; a sample of n tokens
     fills n - 1 slots, see osprey_train.ttt.layout)."""

@@ -30,7 +30,7 @@ from osprey_train.models.io import write_drafter_folder
 from osprey_train.stages.target_side import resolve_target_side
 
 __all__ = ["Eagle3InitConfig", "Eagle3InitResult", "run", "loss_masked_token_counts", "select_draft_vocab",
-           "init_eagle3"]
+           "draft_vocab_from_store", "init_eagle3", "VOCAB_FILE"]
 
 VOCAB_FILE = "draft_vocab.json"
 
@@ -55,7 +55,7 @@ class Eagle3InitConfig:
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         if self.draft_vocab_size < 1:
-            raise ConfigError(f"eagle3 init: --draft-vocab-size must be positive, got {self.draft_vocab_size}")
+            raise ConfigError(f"eagle3 init: --draft-vocab must be positive, got {self.draft_vocab_size}")
 
 
 @dataclass(kw_only=True)
@@ -89,9 +89,26 @@ def select_draft_vocab(counts_V: np.ndarray, size: int) -> np.ndarray:
     """Top-``size`` ids by count (ties: lower id first), padded with unused low ids, sorted ascending."""
     vocab = counts_V.shape[0]
     if size > vocab:
-        raise ConfigError(f"eagle3 init: --draft-vocab-size {size} exceeds the target vocabulary ({vocab})")
+        raise ConfigError(f"convert: --draft-vocab {size} exceeds the target vocabulary ({vocab})")
     order = np.lexsort((np.arange(vocab), -counts_V))  # by count desc, then id asc
     return np.sort(order[:size])
+
+
+def draft_vocab_from_store(store: str, vocab_size: int, size: int) -> tuple[np.ndarray, dict]:
+    """The draft vocabulary of ``size`` target ids chosen from ``store`` and its ``draft_vocab.json`` stats.
+
+    Shared by the EAGLE-3 init and the Osprey conversion with ``--draft-vocab``.
+    """
+    counts = loss_masked_token_counts(store, vocab_size)
+    draft_ids = select_draft_vocab(counts, size)
+    total = int(counts.sum())
+    stats = {
+        "draft_vocab_size": int(draft_ids.shape[0]), "target_vocab_size": vocab_size,
+        "loss_masked_tokens": total, "distinct_loss_masked_tokens": int((counts > 0).sum()),
+        "coverage": round(float(counts[draft_ids].sum()) / total, 6) if total else 0.0,
+        "store": str(store),
+    }
+    return draft_ids, stats
 
 
 @torch.no_grad()
@@ -132,17 +149,9 @@ def run(config: Eagle3InitConfig) -> Eagle3InitResult:
     if config.out.exists() and not config.overwrite:
         raise ConfigError(f"convert: output folder {config.out} exists; pass --overwrite or choose another --out")
     side = resolve_target_side(target=config.target, store=config.store, taps=None, need_model=True)
-    vocab = side.identity.vocab_size
-    counts = loss_masked_token_counts(config.store, vocab)
-    draft_ids = select_draft_vocab(counts, config.draft_vocab_size)
+    draft_ids, stats = draft_vocab_from_store(config.store, side.identity.vocab_size, config.draft_vocab_size)
     model = init_eagle3(side.model, side.identity, side.taps, draft_ids, seed=config.seed)
-    total = int(counts.sum())
-    stats = {
-        "draft_vocab_size": int(draft_ids.shape[0]), "target_vocab_size": vocab,
-        "loss_masked_tokens": total, "distinct_loss_masked_tokens": int((counts > 0).sum()),
-        "coverage": round(float(counts[draft_ids].sum()) / total, 6) if total else 0.0,
-        "store": str(config.store), "tap_layers": side.taps.to_dict(),
-    }
+    stats["tap_layers"] = side.taps.to_dict()
     write_drafter_folder(model, config.out, tokenizer=side.tokenizer, extra={VOCAB_FILE: stats},
                          overwrite=config.overwrite)
     return Eagle3InitResult(out=config.out, stats=stats)

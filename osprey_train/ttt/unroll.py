@@ -138,7 +138,8 @@ def ttt_loss(drafter, batch: PackedBatch, *, steps: int = 5, decay: float = 0.8,
              checkpoint_steps: bool = False, score_out_of_vocab: bool = False) -> TTTOutput:
     """``sum_k decay^k * mean CE_k`` over the loss-masked valid slots of each step, with metrics.
 
-    With a draft vocabulary (``vmap`` of an EAGLE-3 drafter), slots whose target top-1 lies
+    With a draft vocabulary (``vmap`` of an EAGLE-3 drafter or an Osprey drafter converted with
+    ``--draft-vocab``), slots whose target top-1 lies
     outside it are not scored unless ``score_out_of_vocab``: no draft can ever be accepted there
     (SpecForge masks them the same way). The top-1 is the store's top-k entry 0, the target's
     argmax under its full softmax, for every ``target_dist``.

@@ -50,6 +50,8 @@ def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_voca
         from osprey_data.store import StoreReader
 
         over["tap_layers"] = StoreReader(str(store)).header.taps
+    if draft_vocab is not None:  # an Osprey preset then gets a reduced draft vocabulary
+        over["draft_vocab_size"] = len(draft_vocab)
     model = build_drafter(DrafterConfig.from_name(preset, **over))
     model.reset_parameters()
     with torch.no_grad():  # non-zero extra QKV columns: the condition matters from step 0

@@ -25,6 +25,9 @@ def _random_drafter(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     if arch == "osprey":
         model = OspreyDrafter(DrafterConfig.from_name("tiny"))
+    elif arch == "osprey-dv":  # reduced draft vocabulary (convert --draft-vocab)
+        model = OspreyDrafter(DrafterConfig.from_name("tiny", draft_vocab_size=128))
+        model.set_draft_vocab(torch.arange(1, 384, 3)[:128])
     else:
         model = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3"))
         model.set_draft_vocab(torch.arange(0, 384, 3)[:128])
@@ -67,7 +70,7 @@ def _naive_drafts(drafter, taps_TLDt, ids, steps):
     return drafts
 
 
-@pytest.mark.parametrize("arch", ["osprey", "eagle3"])
+@pytest.mark.parametrize("arch", ["osprey", "osprey-dv", "eagle3"])
 def test_cached_drafting_equals_naive_recompute_and_is_lossless(tiny_llama, arch):
     drafter = _random_drafter(arch)
     session = RecordingSession(drafter, target_vocab_size=tiny_llama.config.vocab_size)
@@ -84,13 +87,14 @@ def test_cached_drafting_equals_naive_recompute_and_is_lossless(tiny_llama, arch
     assert len(session.log) >= 4
     for ids, drafts in session.log:
         assert drafts == _naive_drafts(drafter, taps_TLDt, ids, len(drafts))
-    if arch == "eagle3":  # every draft is a target id from the draft vocabulary
+    if drafter.draft_to_target is not None:  # every draft is a target id from the draft vocabulary
         allowed = set(drafter.draft_to_target.tolist())
         assert all(d in allowed for _, ds in session.log for d in ds)
 
 
-def test_sampling_with_a_real_drafter_runs_and_respects_budget(tiny_llama):
-    drafter = _random_drafter("eagle3", seed=2)
+@pytest.mark.parametrize("arch", ["osprey-dv", "eagle3"])
+def test_sampling_with_a_real_drafter_runs_and_respects_budget(tiny_llama, arch):
+    drafter = _random_drafter(arch, seed=2)
     session = DrafterSession(drafter, target_vocab_size=tiny_llama.config.vocab_size)
     g = torch.Generator().manual_seed(0)
     out = speculative_generate(HFTargetSession(tiny_llama, TAPS), session, PROMPT, num_steps=3,

@@ -25,10 +25,14 @@ def drafters(tmp_path_factory):
     e3 = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, tap_layers=TapLayers(layer_ids=(2, 3, 4))))
     e3.set_draft_vocab(torch.arange(5, 384, 2)[:128])
     osp = OspreyDrafter(DrafterConfig.from_name("tiny-qwen3", target=TARGET, target_hidden_size=32))
+    # an Osprey drafter with a reduced draft vocabulary (convert --draft-vocab)
+    osp_dv = OspreyDrafter(DrafterConfig.from_name("tiny", target=TARGET, target_hidden_size=32, draft_vocab_size=100))
+    osp_dv.set_draft_vocab(torch.arange(3, 384, 3)[:100])
     save_drafter(e3, root / "eagle3")
     save_drafter(osp, root / "osprey")
+    save_drafter(osp_dv, root / "osprey-dv")
     (root / "osprey" / "alignment_stats.json").write_text("{}")
-    return {"eagle3": (e3, root / "eagle3"), "osprey": (osp, root / "osprey")}
+    return {"eagle3": (e3, root / "eagle3"), "osprey": (osp, root / "osprey"), "osprey-dv": (osp_dv, root / "osprey-dv")}
 
 
 def _outputs(model):
@@ -42,11 +46,12 @@ def _outputs(model):
 
 
 @pytest.mark.parametrize("arch,fmt", [("eagle3", "sglang"), ("eagle3", "vllm"), ("eagle3", "hf"),
-                                      ("osprey", "sglang"), ("osprey", "hf")])
+                                      ("osprey", "sglang"), ("osprey", "hf"), ("osprey-dv", "sglang"),
+                                      ("osprey-dv", "hf")])
 def test_round_trip_identical_weights_and_outputs(drafters, tmp_path, arch, fmt):
     model, folder = drafters[arch]
     result = run(ExportConfig(drafter=folder, format=fmt, out=tmp_path / fmt))
-    assert result.arch == arch
+    assert result.arch == model.config.arch
     back = load_export(result.out, fmt)
     assert type(back) is type(model) and back.config == model.config
     a, b = model.state_dict(), back.state_dict()
@@ -162,6 +167,16 @@ def test_osprey_sglang_export_matches_external_class_names(drafters, tmp_path):
         assert (f"model.layers.{i}.mlp.gate_up_proj.weight", 1) in mapped
         assert f"model.layers.{i}.cond_norm.weight" in names and f"model.layers.{i}.self_attn.q_norm.weight" in names
     assert {"w_c.weight", "lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"} <= names
+    assert "d2t" not in state and cfg["draft_vocab_size"] == 384  # full vocabulary: no map
+    # a reduced draft vocabulary travels as EAGLE-3's does: int64 offsets d2t + bool t2d
+    dv, dv_folder = drafters["osprey-dv"]
+    out = run(ExportConfig(drafter=dv_folder, format="sglang", out=tmp_path / "dv", dtype="bfloat16")).out
+    cfg = json.loads((out / "config.json").read_text())
+    state = load_file(str(out / "model.safetensors"))
+    assert cfg["draft_vocab_size"] == 100 and cfg["osprey_drafter"]["draft_vocab_size"] == 100
+    assert state["lm_head.weight"].shape == (100, 64) and state["lm_head.weight"].dtype == torch.bfloat16
+    assert state["d2t"].dtype == torch.int64 and torch.equal(state["d2t"] + torch.arange(100), dv.draft_to_target)
+    assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == 100
 
 
 def test_osprey_to_vllm_is_refused_and_options_checked(drafters, tmp_path):

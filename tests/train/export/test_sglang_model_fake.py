@@ -172,8 +172,10 @@ def _fake_sglang() -> dict[str, types.ModuleType]:
     return mods
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen3"])
-def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset):
+@pytest.mark.parametrize("preset,draft_vocab", [("tiny", None), ("tiny-qwen3", None), ("tiny", 96)])
+def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset, draft_vocab):
+    """``draft_vocab``: an Osprey drafter with a reduced draft vocabulary (convert --draft-vocab); SGLang
+    maps the drafted ids through the model's ``hot_token_id`` (EAGLE worker), as for EAGLE-3."""
     from safetensors.torch import load_file
 
     for name, mod in _fake_sglang().items():
@@ -185,13 +187,21 @@ def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset):
     assert ext.SGLANG_AVAILABLE and ext.EntryClass[0].__name__ == "OspreyDrafterForCausalLM"
 
     torch.manual_seed(0)
-    drafter = OspreyDrafter(DrafterConfig.from_name(preset, target_hidden_size=32)).eval()
+    over = {} if draft_vocab is None else {"draft_vocab_size": draft_vocab}
+    drafter = OspreyDrafter(DrafterConfig.from_name(preset, target_hidden_size=32, **over)).eval()
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(torch.arange(384)[torch.randperm(384)[:draft_vocab]].sort().values)
     save_drafter(drafter, tmp_path / "d")
     out = run(ExportConfig(drafter=tmp_path / "d", format="sglang", out=tmp_path / "s")).out
     config = types.SimpleNamespace(**json.loads((out / "config.json").read_text()))
     model = ext.OspreyDrafterForCausalLM(config).eval()
     model.load_weights(load_file(str(out / "model.safetensors")).items())
     model.set_embed(torch.zeros(3, 3))  # the engine offers the target's embedding: must be ignored
+    if draft_vocab is None:
+        assert model.hot_token_id is None and model.get_hot_token_id() is None
+    else:
+        assert torch.equal(model.hot_token_id, drafter.draft_to_target)
+    to_target = (lambda i: i) if draft_vocab is None else (lambda i: int(model.hot_token_id[i]))
 
     cfg = drafter.config
     g = torch.Generator().manual_seed(1)
@@ -221,7 +231,7 @@ def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset):
     out = model(tokens[1:], torch.arange(6), batch)
     chain = []
     for step in range(3):
-        chain.append(int(out.next_token_logits[-1].argmax()))
+        chain.append(to_target(int(out.next_token_logits[-1].argmax())))  # EAGLE worker: hot_token_id[topk]
         batch.spec_info.hidden_states = out.hidden_states[-1:]
         out = model(torch.tensor([chain[-1]]), torch.tensor([6 + step]), batch)
     assert chain == draft_all_positions(drafter, tokens, hidden, 3)[5].tolist()

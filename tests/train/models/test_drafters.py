@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from osprey_data.errors import ModelError
 from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.layers import rope_inv_freq
@@ -139,8 +140,6 @@ def test_eagle3_layer_wiring_matches_a_naive_reference():
 
 
 def test_fuse_taps_shape_error_names_expected_shape():
-    from osprey_data.errors import ModelError
-
     model = OspreyDrafter(DrafterConfig.from_name("tiny"))
     with pytest.raises(ModelError, match="num_taps"):
         model.fuse_taps(torch.randn(1, 2, 4, 64))
@@ -157,8 +156,8 @@ def test_config_round_trip_and_validation():
         DrafterConfig.from_name("tiny", num_key_value_heads=3)
     with pytest.raises(ConfigError, match="eagle3"):
         DrafterConfig.from_name("tiny-eagle3", num_layers=2)
-    with pytest.raises(ConfigError, match="draft_vocab_size"):
-        DrafterConfig.from_name("tiny", draft_vocab_size=10)
+    with pytest.raises(ConfigError, match="draft_vocab_size=400 exceeds"):
+        DrafterConfig.from_name("tiny", draft_vocab_size=400)
     with pytest.raises(ConfigError, match="no drafter preset"):
         DrafterConfig.from_name("huge")
     legacy = DrafterConfig.from_name("tiny", rope_scaling={"type": "linear", "factor": 2.0})
@@ -181,3 +180,30 @@ def test_unsupported_source_families_are_model_errors():
         hf_rope(SimpleNamespace(rope_parameters={"full_attention": {"rope_theta": 1.0}}), where="m")
     assert hf_rope(SimpleNamespace(rope_theta=500.0, rope_scaling={"type": "linear", "factor": 2.0}),
                    where="m") == (500.0, {"type": "linear", "factor": 2.0})
+
+
+def test_osprey_draft_vocabulary_maps_lm_head_rows_to_target_ids(tmp_path):
+    from osprey_train.models import load_drafter, save_drafter
+
+    full = OspreyDrafter(DrafterConfig.from_name("tiny"))
+    assert full.draft_to_target is None and "d2t" not in full.state_dict()  # checkpoints unchanged
+    assert bool(full.target_to_draft_mask().all())
+    with pytest.raises(ModelError, match="full target vocabulary"):
+        full.set_draft_vocab(torch.arange(10))
+    model = OspreyDrafter(DrafterConfig.from_name("tiny", draft_vocab_size=100)).eval()
+    assert tuple(model.lm_head.weight.shape) == (100, 64) and model.model.embed_tokens.weight.shape[0] == 384
+    ids = torch.arange(0, 300, 3)
+    model.set_draft_vocab(ids)
+    assert torch.equal(model.draft_to_target, ids) and int(model.target_to_draft_mask().sum()) == 100
+    for bad, message in ((torch.arange(99), "expected"), (torch.arange(100).flip(0), "increasing"),
+                         (torch.arange(300, 400), r"\[0, 384\)")):
+        with pytest.raises(ModelError, match=message):
+            model.set_draft_vocab(bad)
+    taps = torch.randn(1, 5, 3, 64)
+    logits = model(torch.randint(0, 384, (1, 5)), model.fuse_taps(taps))
+    assert logits.shape == (1, 5, 100)
+    save_drafter(model, tmp_path / "d")
+    back = load_drafter(tmp_path / "d")
+    assert torch.equal(back.draft_to_target, ids)
+    torch.testing.assert_close(back(torch.zeros(1, 2, dtype=torch.long), back.fuse_taps(taps[:, :2])),
+                               model(torch.zeros(1, 2, dtype=torch.long), model.fuse_taps(taps[:, :2])))

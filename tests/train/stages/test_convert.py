@@ -204,3 +204,59 @@ def test_cli_convert(pair, tmp_path):
                                   "--taps", taps, "--out", str(tmp_path / "f")])
         assert res.exit_code == 2 and message in res.output, res.output
         assert not (tmp_path / "f").exists()
+
+
+def test_draft_vocab_keeps_the_most_frequent_tokens_with_their_logits(pair, tmp_path):
+    """``--draft-vocab N``: the LM head keeps the rows of the store's N most frequent loss-masked
+    target tokens (d2t stored), and on those tokens the converted drafter computes exactly the
+    backbone's logits, carried through the vocabulary alignment (a copied row gives the source
+    token's logit, an averaged row the mean of its pieces' logits)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from osprey_train.stages.eagle3_init import loss_masked_token_counts, select_draft_vocab
+    from osprey_train.stages.vocab_align import align_vocab
+
+    backbone_dir, target_dir, root = pair
+    store = make_fake_store(tmp_path / "store", target_dir, taps=(1, 3, 5))
+    result = run(ConvertConfig(backbone=backbone_dir, store=str(store), target=str(root / "tok"),
+                               out=tmp_path / "dv", draft_vocab_size=40))
+    drafter = load_drafter(result.out)
+    cfg = drafter.config
+    assert cfg.draft_vocab_size == 40 and cfg.vocab_size == 320 and drafter.lm_head.weight.shape[0] == 40
+    d2t = drafter.draft_to_target
+    assert d2t.tolist() == select_draft_vocab(loss_masked_token_counts(str(store), 320), 40).tolist()
+    assert 7 in d2t.tolist()  # the store's most frequent loss-masked token
+    stats = json.loads((result.out / "draft_vocab.json").read_text())
+    assert stats["draft_vocab_size"] == 40 and stats["coverage"] == 1.0  # the tiny store has < 40 distinct tokens
+    assert result.stats["draft_vocab_size"] == 40
+
+    backbone = AutoModelForCausalLM.from_pretrained(backbone_dir).eval()
+    alignment = align_vocab(AutoTokenizer.from_pretrained(backbone_dir), AutoTokenizer.from_pretrained(target_dir))
+    tgt_ids = _exact_sequence(alignment, AutoTokenizer.from_pretrained(target_dir), TEXT)
+    src_ids = [alignment.exact[t] for t in tgt_ids]
+    with torch.no_grad():
+        source_TVs = backbone(input_ids=torch.tensor([src_ids])).logits[0]
+        expected_TN = alignment.apply(source_TVs.T).T[:, d2t]  # logits are linear in the head rows
+        taps = torch.randn(1, len(tgt_ids), cfg.num_taps, cfg.target_hidden_size) * 5
+        got_TN = drafter(torch.tensor([tgt_ids]), drafter.fuse_taps(taps))[0]
+    torch.testing.assert_close(got_TN, expected_TN, rtol=1e-4, atol=1e-4)
+
+
+def test_draft_vocab_options_are_checked(pair, tmp_path):
+    backbone_dir, target_dir, root = pair
+    with pytest.raises(ConfigError, match="--draft-vocab needs --store"):
+        ConvertConfig(backbone=backbone_dir, target=str(target_dir), out=tmp_path / "a", draft_vocab_size=10)
+    with pytest.raises(ConfigError, match="positive"):
+        ConvertConfig(backbone=backbone_dir, store="s", out=tmp_path / "a", draft_vocab_size=0)
+    store = make_fake_store(tmp_path / "store", target_dir, taps=(1, 3, 5))
+    with pytest.raises(ConfigError, match="exceeds the target vocabulary"):
+        run(ConvertConfig(backbone=backbone_dir, store=str(store), target=str(root / "tok"), out=tmp_path / "b",
+                          draft_vocab_size=321))
+    assert not (tmp_path / "b").exists()
+    # N == the whole vocabulary is the full vocabulary: no map, an ordinary Osprey drafter
+    from osprey_cli.main import cli
+
+    res = CliRunner().invoke(cli, ["train", "convert", "--backbone", str(backbone_dir), "--store", str(store),
+                                   "--target", str(root / "tok"), "--draft-vocab", "320", "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    assert load_drafter(tmp_path / "c").draft_to_target is None

@@ -135,9 +135,10 @@ def test_distilled_drafter_beats_its_initialization(tmp_path, greedy_setup):
     assert train[-1]["acc_k0"] > train[0]["acc_k0"]
 
 
-def test_eagle3_and_full_vocab_targets(tmp_path, builder_store, tiny_llama_dir):
+@pytest.mark.parametrize("preset", ["tiny-eagle3", "tiny"])  # tiny: Osprey with convert --draft-vocab
+def test_draft_vocab_drafters_and_full_vocab_targets(tmp_path, builder_store, tiny_llama_dir, preset):
     d2t = torch.arange(128) * 3
-    e3 = make_drafter_dir(tmp_path / "e3", preset="tiny-eagle3", draft_vocab=d2t, store=builder_store)
+    e3 = make_drafter_dir(tmp_path / "e3", preset=preset, draft_vocab=d2t, store=builder_store)
     res = run(_cfg(tmp_path, e3, builder_store, max_steps=1, target_dist="full", target_model=str(tiny_llama_dir),
                    gradient_checkpointing=True, attention="eager"))
     rec = [r for r in _records(tmp_path / "run") if r["kind"] == "train"][-1]

@@ -160,6 +160,6 @@ def test_eagle3_leaves_out_of_vocab_targets_unscored(target_dist):
     assert old.metrics["scored_k0"] == int(batch.loss_mask_BT.sum())
     assert default.metrics["out_of_vocab_k0"] == old.metrics["scored_k0"] - default.metrics["scored_k0"]
     assert not torch.allclose(default.loss, old.loss)
-    # Osprey drafters predict the full target vocabulary: nothing is left out
+    # a full-vocabulary Osprey drafter: nothing is left out
     osprey = ttt_loss(_drafter(), batch, steps=steps, target_dist=target_dist)
     assert osprey.metrics["scored_k0"] == old.metrics["scored_k0"] and "out_of_vocab_k0" not in osprey.metrics
