@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from osprey_data import jsonio
 from osprey_data.errors import InputError
 
 __all__ = ["InputSample", "iter_inputs", "normalize_record", "ROLE_ALIASES", "stable_id"]
@@ -149,14 +150,14 @@ def _read_jsonl(path: Path) -> Iterator[RawRecord]:
             if not raw.strip():
                 continue
             try:
-                yield str(path), lineno, json.loads(raw.decode("utf-8")), None
+                yield str(path), lineno, jsonio.loads(raw), None
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 yield str(path), lineno, None, InputError(f"{path}:{lineno}: not valid JSON ({exc})")
 
 
 def _read_json(path: Path) -> Iterator[RawRecord]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonio.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc}); expected a list of records") from None
     if isinstance(doc, dict):

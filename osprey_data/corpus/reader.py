@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from osprey_data import jsonio
 from osprey_data.errors import InputError
 from osprey_data.schema_check import validate
 
@@ -39,7 +40,7 @@ class TokenCorpus:
             raise InputError(f"{self.path}: no index.json, not a tokenized corpus{hint}; create one with "
                              "`osprey data tokenize-corpus`")
         try:
-            self.index: dict[str, Any] = json.loads(index_path.read_text(encoding="utf-8"))
+            self.index: dict[str, Any] = jsonio.loads(index_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError(f"{index_path}: not valid JSON ({exc.msg})") from None
         validate(self.index, "corpus-index.v1.json", where=str(index_path))

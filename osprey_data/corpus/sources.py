@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from osprey_data import jsonio
 from osprey_data.errors import InputError
 
 __all__ = ["SOURCES", "detect_format", "iter_documents", "TXT_DOC_MODES"]
@@ -27,7 +28,7 @@ def _iter_jsonl(path: Path, text_field: str, txt_docs: str) -> Iterator[tuple[in
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = jsonio.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{line_no}: not valid JSON ({exc.msg}); fix or remove this line") from None
             if not isinstance(record, dict) or text_field not in record:
