@@ -19,7 +19,7 @@ __all__ = ["live"]
               help="0 = greedy (lossless); > 0 = rejection sampling (keeps the target distribution).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens per prompt at most.")
 @click.option("--limit", type=int, default=None, help="At most this many prompts (round-robin over domains).")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--tap-codec", type=click.Choice(["bf16", "fp8"]), default=None,
               help="Round live taps through a store codec, as the drafter saw them in training.")
@@ -33,7 +33,12 @@ def live(drafter: str, target: str, inputs: tuple[str, ...], gguf_file: str | No
          temperature: float, max_new_tokens: int, limit: int | None, device: str, seed: int,
          tap_codec: str | None, no_baseline: bool, allow_target_mismatch: bool, threads: int | None, out: str | None,
          as_json: bool) -> None:
-    """Speculative decoding of prompts: acceptance length per domain, tokens/s vs the target alone."""
+    """Speculative decoding of prompts: acceptance length per domain, tokens/s vs the target alone.
+
+    \b
+    Example:
+      osprey eval live --drafter runs/osprey/final --target MODEL --input prompts.jsonl --steps 4
+    """
     from osprey_train.evaluation.live import LiveConfig, run
 
     report = run(LiveConfig(drafter=drafter, target=target, inputs=inputs, gguf_file=gguf_file, steps=steps,

@@ -2,8 +2,12 @@
 
 Subcommands live one concept per file in this folder and are imported lazily, so that
 ``osprey --help`` does not pay for importing torch and transformers. Each command parses its
-options into a typed config and calls one library ``run(config)``; errors derived from
-:class:`osprey_data.errors.OspreyError` become a one-line message and exit code 2.
+options into a typed config and calls one library ``run(config)``.
+
+Exit codes, the same for every command: 0 success; 1 a check found problems (``osprey data
+validate``); 2 a usage or input error — a bad option, a missing or malformed file, a damaged
+store, an unreadable path — printed as one line ``error: ...`` (OspreyError and OSError);
+128 + N stopped by signal N after saving finished work (130 Ctrl-C, 143 SIGTERM).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 
 import click
 
-from osprey_data.errors import OspreyError
+from osprey_data.errors import Interrupted, OspreyError
+from osprey_data.text import printable
 
 __all__ = ["main", "cli", "COMMANDS"]
 
@@ -72,14 +77,29 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
+def os_error_line(exc: OSError) -> str:
+    """One line naming the path and what went wrong (``[Errno 28] No space left on device``)."""
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    what = exc.strerror or exc.__class__.__name__
+    where = " -> ".join(printable(str(p)) for p in paths)
+    return f"{where}: {what}" if where else f"{what}: {printable(str(exc))}"
+
+
 class OspreyCLI(LazyGroup):
-    """Root group: turns Osprey's own errors into one readable line and exit code 2."""
+    """Root group: Osprey's errors and OS errors become one readable line and exit code 2; an
+    interrupted command says what it saved and exits with 128 + the signal number."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except Interrupted as exc:
+            click.echo(f"interrupted: {printable(exc)}", err=True)
+            ctx.exit(exc.exit_code)
         except OspreyError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {printable(exc)}", err=True)
+            ctx.exit(2)
+        except OSError as exc:  # a full disk, a permission, a vanished file: name it, no traceback
+            click.echo(f"error: {os_error_line(exc)}", err=True)
             ctx.exit(2)
 
 

@@ -119,3 +119,25 @@ class FetchError(OspreyError, RuntimeError):
 
 
 __all__ += ["FetchError"]
+
+
+# --- interruption --------------------------------------------------------------------------
+
+
+class Interrupted(OspreyError):
+    """Long work stopped on SIGINT/SIGTERM after saving what was finished (the message says what).
+
+    The CLI exits with ``128 + signum`` (130 for Ctrl-C, 143 for SIGTERM), as a shell does for a
+    process a signal ended.
+    """
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+__all__ += ["Interrupted"]

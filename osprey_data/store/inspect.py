@@ -13,6 +13,7 @@ from typing import Any
 
 from osprey_data.store.reader import StoreReader
 from osprey_data.store.shard import TABLE_FILE, ZARR_DIR
+from osprey_data.text import printable
 
 __all__ = ["inspect_store", "format_inspection"]
 
@@ -91,7 +92,8 @@ def _safe(fn):
 
 
 def format_inspection(d: dict[str, Any]) -> str:
-    """Human-readable rendering of :func:`inspect_store`'s dict."""
+    """Human-readable rendering of :func:`inspect_store`'s dict (control characters of the store's
+    strings — domains, names — escaped, so a crafted store cannot forge lines or drive the terminal)."""
     t = d["target"]
     lines = [
         f"store        {d['url']}  (format v{d['format_version']})",
@@ -112,4 +114,4 @@ def format_inspection(d: dict[str, Any]) -> str:
         ratio = f"{a['compression_ratio']:.2f}x" if a["compression_ratio"] else "-"
         lines.append(f"  {name:<14} {a['codec']:<10} {a['bytes_per_token']:>10.1f} B/token "
                      f"(raw {a['raw_bytes_per_token']:.0f}, compression {ratio})")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)

@@ -23,6 +23,7 @@ from osprey_data.errors import OspreyError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.journal import read_manifest
 from osprey_data.store.shard import ShardHandle
+from osprey_data.text import printable
 
 __all__ = ["Problem", "ValidationReport", "validate_store"]
 
@@ -67,7 +68,7 @@ class ValidationReport:
                 f"{self.num_tokens} tokens, {self.bytes_checked} bytes checksummed" if self.ok
                 else f"{self.url}: {len(self.problems)} problem(s)")
         lines = [head] + [f"  problem: {p}" for p in self.problems] + [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # one line per problem, whatever the store holds
 
 
 def validate_store(url: str, storage_options: dict | None = None, *, check_values: bool = True,

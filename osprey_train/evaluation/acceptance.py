@@ -48,7 +48,8 @@ from tqdm.auto import tqdm
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
-from osprey_data.target import check_compatible
+from osprey_data.target import check_compatible, resolve_device
+from osprey_data.text import printable
 from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.models import load_drafter
@@ -114,7 +115,7 @@ class AcceptanceReport:
         for d in sorted(self.per_domain):
             lines.append(f"  {d:<16} {self.per_domain[d]:.3f}  ({self.per_domain_samples.get(d, 0)} samples)")
         lines.append("  per draft position: " + " ".join(f"{r:.3f}" for r in self.per_position))
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # domains come from the store
 
 
 def acceptance_walk(token_ids_T, prompt_length: int, drafts_PS) -> list[tuple[int, int, int]]:
@@ -218,9 +219,9 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
 
 
 def run(cfg: AcceptanceConfig) -> AcceptanceReport:
-    """Load the drafter and store, check they belong together, and simulate."""
-    drafter = load_drafter(cfg.drafter, device=cfg.device)
-    reader = StoreReader(cfg.store)
+    """Open the store, load the drafter, check they belong together, and simulate."""
+    reader = StoreReader(cfg.store)  # a missing or damaged store fails before the drafter loads
+    drafter = load_drafter(cfg.drafter, device=resolve_device(cfg.device))
     check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
                      where=f"acceptance: drafter {cfg.drafter} on store {cfg.store}")
     return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,

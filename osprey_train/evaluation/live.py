@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from osprey_data.atomic import write_json
-from osprey_data.conversation import stop_token_ids
+from osprey_data.conversation import iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError
 from osprey_data.target import check_compatible, identify_target, load_hf_target, resolve_device
 from osprey_train.evaluation.cpu_threads import busy_machine_threads
@@ -94,6 +94,9 @@ class LiveConfig:
             raise ConfigError(f"live: --tap-codec must be 'bf16' or 'fp8', got {self.tap_codec!r}")
         if not Path(self.drafter).is_dir():
             raise ConfigError(f"live: drafter folder {self.drafter!r} does not exist")
+        for path in self.inputs:
+            if not Path(path).exists():
+                raise ConfigError(f"live: --input {path!r} does not exist")
 
 
 
@@ -112,13 +115,14 @@ def run(config: LiveConfig) -> LiveReport:
 
 def _run(config: LiveConfig) -> LiveReport:
     device = resolve_device(config.device)
+    samples = list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
     drafter = load_drafter(config.drafter, device=device)
     model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device)
     check_compatible(drafter.config, identify_target(model, tokenizer, config.target),
                      where=f"live: drafter {config.drafter} on target {config.target}",
                      check_identity=not config.allow_target_mismatch,
                      hint="use the drafter's own target, or pass --allow-target-mismatch")
-    prompts = load_prompts(config.inputs, tokenizer, limit=config.limit)
+    prompts = load_prompts(config.inputs, tokenizer, limit=config.limit, samples=samples)
     eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     taps = drafter.config.tap_layers.layer_ids
     target = HFTargetSession(model, taps)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from osprey_data.conversation import ChatRenderer, iter_inputs
+from osprey_data.conversation import ChatRenderer, InputSample, iter_inputs
 from osprey_data.errors import InputError
 
 __all__ = ["LivePrompt", "load_prompts"]
@@ -29,12 +29,14 @@ class LivePrompt:
 
 
 
-def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: int | None = None) -> list[LivePrompt]:
-    """Read prompt files and render each conversation up to its last user turn."""
+def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: int | None = None,
+                 samples: list[InputSample] | None = None) -> list[LivePrompt]:
+    """Read prompt files (or take ``samples`` already read from them) and render each
+    conversation up to its last user turn."""
     renderer = ChatRenderer(tokenizer, stop_ids=frozenset({-1}))  # stop ids unused for prompts
     by_domain: dict[str, list[LivePrompt]] = defaultdict(list)
     order: list[str] = []
-    for sample in iter_inputs(list(inputs)):
+    for sample in (samples if samples is not None else iter_inputs(list(inputs))):
         where = f"{sample.file}:{sample.line}"
         if sample.is_text:
             raise InputError(f"{where}: sample {sample.sample_id!r} is pre-formatted 'text'; live decoding "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import per_position_rates
 
 __all__ = ["LiveReport", "summarize"]
@@ -88,7 +89,7 @@ class LiveReport:
         lines.append(speed)
         if self.greedy_identical is not None:
             lines.append(f"Greedy outputs identical to plain decoding: {self.greedy_identical}/{self.num_prompts}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(printable(line) for line in lines) + "\n"  # domains come from the prompt files
 
 
 def summarize(samples: list[dict[str, Any]], *, steps: int, temperature: float, baseline: bool) -> LiveReport:

@@ -20,7 +20,7 @@ import numpy as np
 from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
-from osprey_data.target import check_compatible
+from osprey_data.target import check_compatible, resolve_device
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.models import load_drafter
@@ -140,7 +140,7 @@ def run(cfg: MatrixConfig) -> MatrixResult:
     values: list[list[float]] = []
     proxy = [False] * len(readers)
     for dname, dpath in cfg.drafters:
-        drafter = load_drafter(dpath, device=cfg.device)
+        drafter = load_drafter(dpath, device=resolve_device(cfg.device))
         row = []
         for j, (sname, reader) in enumerate(readers):
             check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,

@@ -20,8 +20,8 @@ class DraftingOptions:
     """Draft length S."""
     max_samples: int = 0
     """Samples to evaluate per store (0 = all)."""
-    device: str = "cpu"
-    """Device of the drafter."""
+    device: str = "auto"
+    """Device of the drafter: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
     attention: str = "sdpa"
     """TTT attention implementation used to draft all positions at once (sdpa, eager, flex)."""
     progress: bool = True
