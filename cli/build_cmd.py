@@ -50,14 +50,27 @@ def parse_layers(value: str | None) -> tuple[int, ...] | None:
               help="Malformed input: stop, or record it in the store's errors file and go on.")
 @click.option("--limit", type=int, default=None, help="Use only the first N samples.")
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Samples per batch.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--shard-max-tokens", type=int, default=65536, show_default=True,
+              help="Tokens per store shard, the unit of commit (an interrupted build commits a shorter one).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--num-workers", type=int, default=None, help="Independent workers (default WORLD_SIZE or 1).")
 @click.option("--worker-index", type=int, default=None, help="This worker's index (default RANK or 0).")
 @click.option("--gguf-file", default=None, help="GGUF file inside the --target folder.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing --out (a store or any other folder) with a new store.")
 def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature, top_p, seed,
           last_turn_only, layers, topk, hidden_codec, final_hidden, max_length, overflow, on_error,
-          limit, batch_size, device, num_workers, worker_index, gguf_file) -> None:
-    """Run TARGET over conversations; write responses, tapped hidden states and top-k log-probs."""
+          limit, batch_size, shard_max_tokens, device, num_workers, worker_index, gguf_file, overwrite) -> None:
+    """Run TARGET over conversations; write responses, tapped hidden states and top-k log-probs.
+
+    Rerun the same command to resume. Ctrl-C (or SIGTERM) stops after committing every finished
+    sample; exit codes: 0 done, 2 bad option or input, 130/143 interrupted (rerun to resume).
+
+    \b
+    Example:
+      osprey data build --target HuggingFaceTB/SmolLM2-135M-Instruct --input chat.jsonl \\
+          --out stores/train --max-new-tokens 256 --device cpu
+    """
     from osprey_data.builder import BuildConfig, run
 
     config = BuildConfig(
@@ -65,8 +78,9 @@ def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
         last_turn_only=last_turn_only, layers=parse_layers(layers), topk=topk,
         hidden_codec=hidden_codec, final_hidden=final_hidden, max_length=max_length,
-        overflow=overflow, on_error=on_error, limit=limit, batch_size=batch_size, device=device,
-        num_workers=num_workers, worker_index=worker_index, gguf_file=gguf_file,
+        overflow=overflow, on_error=on_error, limit=limit, batch_size=batch_size,
+        shard_max_tokens=shard_max_tokens, device=device, num_workers=num_workers, worker_index=worker_index,
+        gguf_file=gguf_file, overwrite=overwrite,
     )
     summary = run(config)
     click.echo(summary.format())

@@ -107,8 +107,10 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # write()/fsync() errors (a full disk) carry no path of their own
         raise
     _fsync_dir(path.parent)
     return path

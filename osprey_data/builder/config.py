@@ -90,7 +90,10 @@ class BuildConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``)."""
     shard_max_tokens: int = 65536
-    """Tokens per store shard (the unit of commit and of resume)."""
+    """Tokens per store shard, the unit of commit (an interrupted build commits a shorter one)."""
+    overwrite: bool = False
+    """Replace an existing ``out`` (an Osprey store or any other folder) with a new store; without
+    it an existing store is resumed and any other non-empty folder is refused."""
     storage_options: dict[str, Any] | None = None
     """fsspec options for remote stores."""
     progress: bool = True
@@ -137,8 +140,11 @@ class BuildConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.shard_max_tokens < 1:
-            raise ConfigError(f"shard_max_tokens must be >= 1, got {self.shard_max_tokens}")
+            raise ConfigError(f"--shard-max-tokens must be >= 1, got {self.shard_max_tokens}")
         self._resolve_workers()
+        if self.overwrite and self.num_workers > 1:
+            raise ConfigError("--overwrite cannot be combined with --num-workers > 1: each worker would delete "
+                              "the others' shards; remove the old store once before starting the workers")
 
     def _resolve_workers(self) -> None:
         """Fill num_workers/worker_index from torchrun's WORLD_SIZE/RANK when not given."""

@@ -17,6 +17,16 @@ Resume: batches are fixed slices of this worker's sample list, independent of wh
 done, so a rerun after a crash skips the batches whose samples are all committed and recomputes
 at most the one batch that was being written — with exactly the same batch composition, hence
 bit-identical features. Only samples not yet committed are written: nothing lost, nothing twice.
+
+Interruption: SIGINT (Ctrl-C) or SIGTERM stops the work in progress, hands every finished sample
+to the writer and commits them (the open shard is committed short: a partial shard is a shard),
+then raises :class:`~osprey_data.errors.Interrupted` saying how many samples were kept. The
+batch being generated is lost and recomputed by the rerun. A second signal stops at once (the
+store stays valid; the open shard is then recomputed too).
+
+Cheap checks come first: options, inputs, ``--out`` (never a stranger's folder), ``--layers``
+against the target's config and the content settings against an existing store's header — all
+before the target's weights load.
 """
 
 from __future__ import annotations
@@ -34,12 +44,15 @@ from osprey_data.builder.backends import BACKENDS, GenerationRequest, SamplingPa
 from osprey_data.builder.config import BuildConfig
 from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
 from osprey_data.builder.features import make_record, non_finite_reason
+from osprey_data.builder.output import check_output, replace_output
 from osprey_data.builder.partition import belongs_to
 from osprey_data.conversation import ChatRenderer, InputSample, RenderedSample, iter_inputs
-from osprey_data.errors import ConfigError, InputError, ManifestMismatchError, ModelError, StoreNotFoundError
+from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMismatchError, ModelError,
+                                StoreNotFoundError)
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.store import StoreHeader, StoreReader, StoreWriter
-from osprey_data.target import TapLayers, chat_template_hash, default_tap_layers
 from osprey_data.store.fs import StoreFS
+from osprey_data.target import TapLayers, chat_template_hash, default_tap_layers, peek_num_layers
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
 
@@ -116,11 +129,7 @@ def make_header(config: BuildConfig, backend: TargetBackend):
     """The store header of this build: identity, taps, codec and the content-affecting config."""
     identity = backend.identity
     if config.layers is not None:
-        taps = TapLayers(layer_ids=tuple(config.layers))
-        try:
-            taps.check_target(identity.num_layers)
-        except ConfigError as exc:
-            raise ConfigError(f"--layers: {exc}") from None
+        taps = _checked_layers(config.layers, identity.num_layers)
     else:
         taps = default_tap_layers(identity.num_layers)
     build_config = config.content_settings()
@@ -139,19 +148,64 @@ def make_header(config: BuildConfig, backend: TargetBackend):
     )
 
 
+def _checked_layers(layers: tuple[int, ...], num_layers: int) -> TapLayers:
+    taps = TapLayers(layer_ids=tuple(layers))
+    try:
+        taps.check_target(num_layers)
+    except ConfigError as exc:
+        raise ConfigError(f"--layers: {exc}") from None
+    return taps
+
+
+def _setting_differences(old: dict[str, Any], new: dict[str, Any], keys: Any) -> list[str]:
+    return [f"setting --{key.replace('_', '-')} differs (store: {old.get(key)!r}, this run: {new.get(key)!r})"
+            for key in sorted(keys) if old.get(key) != new.get(key)]
+
+
+def _refuse_mismatch(config: BuildConfig, diffs: list[str]) -> None:
+    raise ManifestMismatchError(
+        f"{config.out}: store was built with a different configuration: {'; '.join(diffs) or 'header differs'}. "
+        f"Rerun with the store's settings to resume, build into another --out, or pass --overwrite to "
+        f"replace the store.")
+
+
+def _existing_header(config: BuildConfig) -> StoreHeader | None:
+    try:
+        return StoreReader(config.out, storage_options=config.storage_options).header
+    except StoreNotFoundError:
+        return None
+
+
+def _check_before_loading(config: BuildConfig) -> str:
+    """Every check that needs no model: ``--out``, ``--layers`` against the target's config, and the
+    content settings against an existing store. Returns :func:`check_output`'s verdict."""
+    verdict = check_output(config.out, overwrite=config.overwrite)
+    # Refused writes (read-only credentials or mount) fail now, not after loading the target.
+    StoreFS(config.out, storage_options=config.storage_options, read_only=False).check_writable()
+    if config.layers is not None:
+        num_layers = peek_num_layers(config.target, config.gguf_file)
+        if num_layers is not None:
+            _checked_layers(config.layers, num_layers)
+    if verdict == "store":
+        old = _existing_header(config)
+        if old is not None:
+            new = config.content_settings()
+            # known before loading: everything but an "auto" dtype and default taps
+            keys = [k for k in new if not (k == "dtype" and new[k] == "auto")
+                    and not (k == "layers" and new[k] is None)]
+            diffs = _setting_differences(old.build_config, new, keys)
+            if diffs:
+                _refuse_mismatch(config, diffs)
+    return verdict
+
+
 def _check_existing_store(config: BuildConfig, header: Any) -> None:
     """Refuse to resume into a store built with other content settings, naming them."""
-    try:
-        old = StoreReader(config.out, storage_options=config.storage_options).header
-    except StoreNotFoundError:
+    old = _existing_header(config)
+    if old is None or old == header:
         return
-    if old == header:
-        return
-    diffs = []
-    for key in sorted(set(old.build_config) | set(header.build_config)):
-        a, b = old.build_config.get(key), header.build_config.get(key)
-        if a != b:
-            diffs.append(f"setting --{key.replace('_', '-')} differs (store: {a!r}, this run: {b!r})")
+    diffs = _setting_differences(old.build_config, header.build_config,
+                                 set(old.build_config) | set(header.build_config))
     if old.target != header.target:
         fields = [k for k, v in old.target.to_dict().items() if header.target.to_dict()[k] != v]
         diffs.append(f"the target differs in {', '.join(fields)} (store: {old.target.name_or_path!r}, "
@@ -163,9 +217,7 @@ def _check_existing_store(config: BuildConfig, header: Any) -> None:
     for name in ("topk", "hidden_codec", "has_final_hidden", "taps"):
         if getattr(old, name) != getattr(header, name) and not any(name in d for d in diffs):
             diffs.append(f"{name} differs (store: {getattr(old, name)!r}, this run: {getattr(header, name)!r})")
-    raise ManifestMismatchError(
-        f"{config.out}: store was built with a different configuration: {'; '.join(diffs) or 'header differs'}. "
-        f"Rerun with the store's settings to resume, or build into another --out.")
+    _refuse_mismatch(config, diffs)
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -196,11 +248,34 @@ def _error_key(e: dict) -> tuple:
 # --- one batch ------------------------------------------------------------------------------
 
 
+class _Progress:
+    """The per-sample progress bar: a sample counts once its last turn is generated (or once its
+    batch is done, for samples with nothing to generate); generated tokens/s as it goes."""
+
+    def __init__(self, bar: Any, todo: set[str]) -> None:
+        self.bar, self.todo = bar, todo
+        self.counted: set[str] = set()
+        self.tokens = 0
+        self.t0 = time.perf_counter()
+
+    def sample_done(self, sample_id: str) -> None:
+        if sample_id in self.todo and sample_id not in self.counted:
+            self.counted.add(sample_id)
+            self.bar.update(1)
+
+    def generated(self, n: int) -> None:
+        self.tokens += n
+        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens} tokens generated, {rate:.1f} tok/s", refresh=False)
+
+
 class _BatchProcessor:
     """Generation rounds, rendering, length policy and prefill for one batch of samples."""
 
-    def __init__(self, config: BuildConfig, backend: TargetBackend, renderer: ChatRenderer, header: Any):
+    def __init__(self, config: BuildConfig, backend: TargetBackend, renderer: ChatRenderer, header: Any,
+                 progress: _Progress | None = None):
         self.config, self.backend, self.renderer, self.header = config, backend, renderer, header
+        self.progress = progress
         self.generated_tokens = 0
         self.params = SamplingParams(max_new_tokens=config.max_new_tokens,
                                      temperature=config.temperature, top_p=config.top_p)
@@ -228,13 +303,29 @@ class _BatchProcessor:
                 requests.append((d, j, GenerationRequest(prompt_ids=tuple(prompt), seed=seed)))
             if not requests:
                 return
-            results = self.backend.generate([r for _, _, r in requests], self.params)
+            results = self.backend.generate([r for _, _, r in requests], self.params,
+                                            on_step=self._on_step(requests))
             self.generated_tokens += sum(len(r.token_ids) for r in results)
             for (d, j, req), res in zip(requests, results):
                 d.messages[j] = {"role": "assistant", "content": self.renderer.decode_response(res.token_ids)}
                 d.generated[j] = (list(req.prompt_ids), res.generated_ids)
                 d.finish_reasons.append(res.finish_reason)
                 d.pending.pop(0)
+
+    def _on_step(self, requests: list[tuple[Dialogue, int, GenerationRequest]]):
+        """The backend's progress callback for one generation round (None without progress)."""
+        progress = self.progress
+        if progress is None:
+            return None
+
+        def on_step(finished: list[int], new_tokens: int) -> None:
+            progress.generated(new_tokens)
+            for i in finished:
+                d = requests[i][0]
+                if len(d.pending) <= 1:  # its last turn to generate: the sample is as good as done
+                    progress.sample_done(d.sample.sample_id)
+
+        return on_step
 
     def _render(self, d: Dialogue) -> RenderedSample:
         cfg = self.config
@@ -313,59 +404,85 @@ class _BatchProcessor:
 
 
 def run(config: BuildConfig) -> BuildSummary:
-    """Build (or resume building) the store ``config.out``; returns the summary."""
+    """Build (or resume building) the store ``config.out``; returns the summary.
+
+    Raises:
+        Interrupted: SIGINT/SIGTERM arrived; every finished sample was committed first.
+    """
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
-    # Refused writes (read-only credentials or mount) fail now, not after loading the target.
-    StoreFS(config.out, storage_options=config.storage_options, read_only=False).check_writable()
-    backend = BACKENDS[config.backend](config)
-    try:
-        renderer = ChatRenderer(backend.tokenizer, stop_ids=backend.stop_ids,
-                                template_kwargs=config.chat_template_kwargs)
-        header = make_header(config, backend)
+    verdict = _check_before_loading(config)
+    with GracefulStop() as stop:
+        try:
+            backend = BACKENDS[config.backend](config)
+            try:
+                return _build(config, backend, samples, input_errors, verdict, stop, t0)
+            finally:
+                backend.close()
+        except StopRequested as exc:  # outside the sample loop: nothing unsaved
+            raise Interrupted(f"build of {config.out} interrupted by {signal_name(exc.signum)}; every sample "
+                              f"finished before it is committed. Rerun the same command to resume.",
+                              signum=exc.signum) from None
+
+
+def _build(config: BuildConfig, backend: TargetBackend, samples: list[InputSample], input_errors: list[dict],
+           verdict: str, stop: GracefulStop, t0: float) -> BuildSummary:
+    renderer = ChatRenderer(backend.tokenizer, stop_ids=backend.stop_ids,
+                            template_kwargs=config.chat_template_kwargs)
+    header = make_header(config, backend)
+    if verdict == "replace":
+        replace_output(config.out)
+    else:
         _check_existing_store(config, header)
-        summary = BuildSummary(store=config.out, worker_index=config.worker_index, num_workers=config.num_workers,
-                               load_s=time.perf_counter() - t0)
-        skipped: Counter[str] = Counter()
-        writer = StoreWriter(config.out, header, worker_index=config.worker_index,
-                             num_workers=config.num_workers, shard_max_tokens=config.shard_max_tokens,
-                             storage_options=config.storage_options)
-        with writer:
+    summary = BuildSummary(store=config.out, worker_index=config.worker_index, num_workers=config.num_workers,
+                           load_s=time.perf_counter() - t0)
+    skipped: Counter[str] = Counter()
+    writer: StoreWriter | None = None
+    processor: _BatchProcessor | None = None
+    committed: set[str] = set()
+    interrupted: int | None = None
+    try:
+        with stop.deferred():  # opening (and recovering) the store is not cut in half
+            writer = StoreWriter(config.out, header, worker_index=config.worker_index,
+                                 num_workers=config.num_workers, shard_max_tokens=config.shard_max_tokens,
+                                 storage_options=config.storage_options)
+            committed = writer.done_sample_ids()
             known = {_error_key(e) for e in writer.recorded_errors()}
 
-            def record_error(e: dict) -> None:
-                if _error_key(e) not in known:  # a resumed run meets the same bad input again
-                    known.add(_error_key(e))
-                    writer.record_error(**e)
+        def record_error(e: dict) -> None:
+            if _error_key(e) not in known:  # a resumed run meets the same bad input again
+                known.add(_error_key(e))
+                writer.record_error(**e)
 
-            for e in input_errors:
-                record_error(e)
-                skipped["input_error"] += 1
+        for e in input_errors:
+            record_error(e)
+            skipped["input_error"] += 1
 
-            def on_sample_error(s: InputSample, exc: Exception) -> str:
-                if config.on_error == "raise":
-                    raise InputError(f"{s.file}:{s.line} (sample {s.sample_id!r}): {exc}") from exc
-                return f"input_error: {exc}"
+        def on_sample_error(s: InputSample, exc: Exception) -> str:
+            if config.on_error == "raise":
+                raise InputError(f"{s.file}:{s.line} (sample {s.sample_id!r}): {exc}") from exc
+            return f"input_error: {exc}"
 
-            committed = writer.done_sample_ids()
-            summary.already_done = sum(s.sample_id in committed for s in samples)
-            # Samples an earlier run already reported to the errors file count as handled too.
-            reported = {(k[0], k[1], k[2]) for k in known}
-            skipped_before = {s.sample_id for s in samples
-                              if s.sample_id not in committed and (s.sample_id, s.file, s.line) in reported}
-            summary.already_skipped = len(skipped_before)
-            done = committed | skipped_before
-            processor = _BatchProcessor(config, backend, renderer, header)
-            batches = [samples[i:i + config.batch_size] for i in range(0, len(samples), config.batch_size)]
-            t_work = time.perf_counter()
-            bar = tqdm(total=len(samples) - summary.already_done - summary.already_skipped, unit="sample",
-                       disable=not config.progress, dynamic_ncols=True,
-                       desc=f"build w{config.worker_index}/{config.num_workers}")
-            with bar:
-                for batch in batches:
-                    if all(s.sample_id in done for s in batch):
-                        continue
-                    for s, record, reason in processor.process(batch, on_sample_error):
+        summary.already_done = sum(s.sample_id in committed for s in samples)
+        # Samples an earlier run already reported to the errors file count as handled too.
+        reported = {(k[0], k[1], k[2]) for k in known}
+        skipped_before = {s.sample_id for s in samples
+                          if s.sample_id not in committed and (s.sample_id, s.file, s.line) in reported}
+        summary.already_skipped = len(skipped_before)
+        done = committed | skipped_before
+        todo = {s.sample_id for s in samples if s.sample_id not in done}
+        batches = [samples[i:i + config.batch_size] for i in range(0, len(samples), config.batch_size)]
+        bar = tqdm(total=len(todo), unit="sample", disable=not config.progress, dynamic_ncols=True,
+                   desc=f"build w{config.worker_index}/{config.num_workers}")
+        progress = _Progress(bar, todo)
+        processor = _BatchProcessor(config, backend, renderer, header, progress)
+        with bar:
+            for batch in batches:
+                if all(s.sample_id in done for s in batch):
+                    continue
+                results = processor.process(batch, on_sample_error)
+                with stop.deferred():  # a batch's finished samples reach the writer together
+                    for s, record, reason in results:
                         if s.sample_id in done:
                             continue  # committed by an earlier run; recomputed only for batch identity
                         if record is not None:
@@ -377,15 +494,30 @@ def run(config: BuildConfig) -> BuildSummary:
                             skipped[reason.split(":", 1)[0]] += 1
                             record_error({"sample_id": s.sample_id, "file": s.file, "line": s.line,
                                           "reason": reason})
-                        bar.update(1)
-                    elapsed = time.perf_counter() - t_work
-                    bar.set_postfix(tok_s=f"{summary.tokens_written / max(elapsed, 1e-9):.0f}")
-        summary.generated_tokens = processor.generated_tokens
-        shards = writer.committed_shards()
-        tokens = sum(s.num_tokens for s in shards)
-        summary.bytes_per_token = sum(s.num_bytes for s in shards) / tokens if tokens else None
-        summary.skipped = dict(skipped)
-    finally:
-        backend.close()
+                        progress.sample_done(s.sample_id)
+    except StopRequested as exc:
+        if writer is None:
+            raise
+        interrupted = exc.signum
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    with stop.deferred(raise_after=False):
+        writer.close()  # commits the open shard: after an interruption a partial shard is a shard
+    summary.generated_tokens = processor.generated_tokens if processor is not None else 0
+    shards = writer.committed_shards()
+    tokens = sum(s.num_tokens for s in shards)
+    summary.bytes_per_token = sum(s.num_bytes for s in shards) / tokens if tokens else None
+    summary.skipped = dict(skipped)
     summary.wall_s = time.perf_counter() - t0
+    if interrupted is not None:
+        now_done = writer.done_sample_ids()
+        publish = ("" if config.num_workers == 1 else
+                   f"; when every worker is done, run `osprey data merge {config.out}`")
+        raise Interrupted(
+            f"build of {config.out} interrupted by {signal_name(interrupted)}: {len(now_done - committed)} "
+            f"finished sample(s) of this run committed, {len(now_done & {s.sample_id for s in samples})} of this "
+            f"worker's {len(samples)} samples now in the store; the batch in progress was dropped. Rerun the "
+            f"same command to resume{publish}.", signum=interrupted)
     return summary

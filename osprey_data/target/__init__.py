@@ -14,12 +14,13 @@ from __future__ import annotations
 from osprey_data.target.compat import DrafterTargetSpec, check_compatible
 from osprey_data.target.identity import (TargetIdentity, chat_template_hash, config_hash, identify_target,
                                          text_config, tokenizer_hash)
-from osprey_data.target.loading import load_hf_target, resolve_device, split_gguf
+from osprey_data.target.loading import (check_target_exists, load_hf_target, peek_num_layers, resolve_device,
+                                        split_gguf)
 from osprey_data.target.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers
 
 __all__ = [
     "TargetIdentity", "identify_target", "config_hash", "tokenizer_hash", "chat_template_hash", "text_config",
     "TapLayers", "TAP_CONVENTIONS", "default_tap_layers",
-    "load_hf_target", "resolve_device", "split_gguf",
+    "load_hf_target", "resolve_device", "split_gguf", "check_target_exists", "peek_num_layers",
     "check_compatible", "DrafterTargetSpec",
 ]

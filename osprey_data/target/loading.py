@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from osprey_data.errors import ConfigError, InputError
+from osprey_data.target.identity import text_config
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["load_hf_target", "resolve_device", "split_gguf"]
+__all__ = ["load_hf_target", "resolve_device", "split_gguf", "check_target_exists", "peek_num_layers"]
 
 
 def resolve_device(device: str) -> str:
@@ -43,6 +44,34 @@ def _looks_local(name_or_path: str) -> bool:
         or Path(name_or_path).expanduser().exists()
 
 
+def check_target_exists(name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(folder, gguf file) of a target, or InputError when a local one is missing (no loading)."""
+    folder, gguf = split_gguf(str(name_or_path), gguf_file)
+    if _looks_local(folder) and not Path(folder).expanduser().exists():
+        raise InputError(f"target {name_or_path!r}: no such folder or file; pass a local model folder, "
+                         f"a .gguf file or a hub id")
+    if gguf is not None and Path(folder).exists() and not (Path(folder) / gguf).is_file():
+        raise InputError(f"target {name_or_path!r}: GGUF file {gguf!r} not found in {folder}")
+    return folder, gguf
+
+
+def peek_num_layers(name_or_path: str, gguf_file: str | None = None) -> int | None:
+    """The target's decoder-layer count from its config alone (no weights loaded), so that options
+    naming layers are checked before a model loads; None when the config cannot be read without
+    the full load (which then reports the problem itself)."""
+    from transformers import AutoConfig
+
+    folder, gguf = check_target_exists(name_or_path, gguf_file)
+    if not Path(folder).expanduser().exists():
+        return None  # a hub id: reading its config may need the network; the load checks it
+    kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf is not None else {}
+    try:
+        config = AutoConfig.from_pretrained(str(Path(folder).expanduser()), **kwargs)
+        return int(text_config(config).num_hidden_layers)
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
+
+
 def load_hf_target(name_or_path: str, *, gguf_file: str | None = None, device: str = "cpu",
                    dtype: "torch.dtype | None" = None) -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
     """Load a causal-LM target and its tokenizer with transformers, in eval mode.
@@ -60,12 +89,7 @@ def load_hf_target(name_or_path: str, *, gguf_file: str | None = None, device: s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if dtype is None else dtype
-    folder, gguf = split_gguf(str(name_or_path), gguf_file)
-    if _looks_local(folder) and not Path(folder).expanduser().exists():
-        raise InputError(f"target {name_or_path!r}: no such folder or file; pass a local model folder, "
-                         f"a .gguf file or a hub id")
-    if gguf is not None and Path(folder).exists() and not (Path(folder) / gguf).is_file():
-        raise InputError(f"target {name_or_path!r}: GGUF file {gguf!r} not found in {folder}")
+    folder, gguf = check_target_exists(name_or_path, gguf_file)
     folder = str(Path(folder).expanduser()) if Path(folder).expanduser().exists() else folder
     device = resolve_device(device)
     kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf is not None else {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,8 +30,13 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "GenerationRequest", "GenerationResult", "SequenceFeatures", "SamplingParams", "TargetBackend",
-    "request_seed",
+    "request_seed", "StepCallback",
 ]
+
+# Progress of one ``generate`` call: (indices of the requests that finished at this step, tokens
+# generated at this step over all requests). Backends that decode step by step call it per step;
+# others once at the end.
+StepCallback = Callable[[list[int], int], None]
 
 
 @dataclass(frozen=True)
@@ -109,8 +115,9 @@ class TargetBackend(ABC):
         return self.identity.num_layers
 
     @abstractmethod
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
-        """Continue every prompt; results in request order."""
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
+                 on_step: StepCallback | None = None) -> list[GenerationResult]:
+        """Continue every prompt; results in request order. ``on_step`` reports progress."""
 
     @abstractmethod
     def features(self, sequences: list[np.ndarray], *, taps: tuple[int, ...], topk: int,

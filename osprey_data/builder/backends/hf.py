@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from osprey_data.builder.backends.base import (
-    GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend,
+    GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, StepCallback, TargetBackend,
 )
 from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import ConfigError, ModelError
@@ -150,7 +150,8 @@ class HFBackend(TargetBackend):
         return cache if cache is not None else getattr(out, "past_key_values", None)
 
     @torch.inference_mode()
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
+                 on_step: StepCallback | None = None) -> list[GenerationResult]:
         if not requests:
             return []
         B = len(requests)
@@ -185,6 +186,8 @@ class HFBackend(TargetBackend):
                     tokens[b].append(tok)
                     if len(tokens[b]) >= params.max_new_tokens:
                         reasons[b] = "length"
+            if on_step is not None:
+                on_step([b for b in rows if reasons[b] is not None], len(rows))
             keep = [k for k, b in enumerate(rows) if reasons[b] is None]
             if not keep:
                 break

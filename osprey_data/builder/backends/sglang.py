@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from osprey_data.builder.backends.base import (
-    GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, TargetBackend,
+    GenerationRequest, GenerationResult, SamplingParams, SequenceFeatures, StepCallback, TargetBackend,
 )
 from osprey_data.builder.backends.hf import HFBackend
 from osprey_data.errors import BackendUnavailableError, ConfigError
@@ -100,7 +100,8 @@ class SGLangBackend(TargetBackend):
             log_level="error",
         )
 
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
+                 on_step: StepCallback | None = None) -> list[GenerationResult]:
         if not requests:
             return []
         stop = sorted(self.stop_ids)
@@ -129,6 +130,8 @@ class SGLangBackend(TargetBackend):
             else:  # "abort": SGLang refused the request (e.g. too long for its context)
                 raise BackendUnavailableError(f"SGLang aborted a request: {out['meta_info']['finish_reason']}")
             results.append(GenerationResult(token_ids=ids, finish_reason=reason, stop_token_id=stop_id))
+        if on_step is not None:  # the engine answers the whole batch at once
+            on_step(list(range(len(results))), sum(len(r.generated_ids) for r in results))
         return results
 
     def features(self, sequences: list[np.ndarray], *, taps: tuple[int, ...], topk: int,
