@@ -17,7 +17,7 @@ __all__ = ["demo"]
 @click.option("--gguf-file", default=None, help="GGUF file name inside --target (a folder).")
 @click.option("--source", default=None, help="LM to prune into the drafter backbone (default: the target).")
 @click.option("--prompts", default=None, help="Prompt file (default: the prompts shipped with Osprey).")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--cache", default=None, help="Model cache (default: $OSPREY_CACHE or ~/.cache/osprey).")
 @click.option("--train-prompts", type=int, default=None, help="Training prompts (preset default).")
 @click.option("--eval-prompts", type=int, default=None, help="Held-out prompts (preset default).")
@@ -32,7 +32,14 @@ def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, sour
          prompts: str | None, device: str, cache: str | None, train_prompts: int | None,
          eval_prompts: int | None, max_new_tokens: int | None, prune_layers: int | None,
          distill_steps: int | None, draft_steps: int | None, lr: float | None, threads: int | None, seed: int) -> None:
-    """Fetch a small target, build stores, prune/convert/distill a drafter, evaluate offline and live."""
+    """Fetch a small target, build stores, prune/convert/distill a drafter, evaluate offline and live.
+
+    The model is cached in --cache, $OSPREY_CACHE or ~/.cache/osprey.
+
+    \b
+    Example:
+      osprey demo --quick --out osprey-demo
+    """
     from osprey_train.demo.pipeline import DemoConfig, run
 
     result = run(DemoConfig(out=out, quick=quick, target=target, gguf_file=gguf_file, source=source,

@@ -54,7 +54,7 @@ from osprey_train.stages.prune import PruneConfig
 from osprey_train.stages.prune import run as prune
 from osprey_train.trainer import LoopConfig
 
-__all__ = ["DemoConfig", "DemoResult", "run", "shipped_prompts", "split_prompts"]
+__all__ = ["DemoConfig", "DemoResult", "run", "shipped_prompts", "split_prompts", "busy_warning"]
 
 STAGES = ("target", "prompts", "train store", "eval store", "prune", "convert", "distill",
           "offline acceptance", "live decoding", "report")
@@ -165,6 +165,9 @@ def run(cfg: DemoConfig) -> DemoResult:
     if threads is not None:
         torch.set_num_threads(threads)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    busy = busy_warning(load_before, os.cpu_count() or 1, quick=cfg.quick)
+    if busy is not None and cfg.progress:
+        print(busy, flush=True)
     out = cfg.out
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)  # every run starts afresh; only our own folder
@@ -235,7 +238,7 @@ def run(cfg: DemoConfig) -> DemoResult:
         "distill": {"steps": result.step, "last_train": result.last_train},
         "offline": {k: v.to_dict() for k, v in offline.items()},
         "live": {k: v for k, v in live_report.to_dict().items() if k != "samples"},
-        "timings_s": dict(progress.timings), "load_average_before": load_before,
+        "timings_s": dict(progress.timings), "load_average_before": load_before, "busy_warning": busy,
         "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpu_threads": _threads(),
     }
@@ -247,6 +250,16 @@ def run(cfg: DemoConfig) -> DemoResult:
     if cfg.progress:
         print(f"[demo done +{progress.total:.0f}s] report: {md}", flush=True)
     return DemoResult(out=out, report_md=md, report_png=png, summary=summary)
+
+
+def busy_warning(load: float | None, cores: int, *, quick: bool) -> str | None:
+    """One line when other work already keeps every core busy (1-minute load average above the
+    core count): the demo then takes several times longer than its idle-machine figure."""
+    if load is None or load <= cores:
+        return None
+    expected = "about 3 minutes" if quick else "about 10 minutes"
+    return (f"warning: this machine is busy (load average {load:.1f} on {cores} cores); the demo will take "
+            f"several times longer than the {expected} it takes on an idle machine")
 
 
 def _device(device: str) -> str:
