@@ -22,7 +22,12 @@ __all__ = ["tokenize_corpus"]
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def tokenize_corpus(tokenizer: str, inputs: tuple[Path, ...], out: Path, text_field: str, txt_docs: str,
                     shard_tokens: int, batch_docs: int, no_progress: bool) -> None:
-    """Tokenize a text corpus into memory-mappable shards (resumable: rerun to continue)."""
+    """Tokenize a text corpus into memory-mappable shards (resumable: rerun to continue).
+
+    \b
+    Example:
+      osprey data tokenize-corpus --tokenizer runs/pruned --input corpus.jsonl --out corpora/generic
+    """
     from osprey_data.corpus import TokenizeCorpusConfig, run
 
     index = run(TokenizeCorpusConfig(tokenizer=tokenizer, inputs=list(inputs), out_dir=out, text_field=text_field,

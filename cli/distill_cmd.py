@@ -42,7 +42,12 @@ __all__ = ["distill"]
 @loop_options
 @optim_options(DISTILL_OPTIM_DEFAULTS)
 def distill(train_embeddings: bool, **params: Any) -> None:
-    """Stage 4: distill a drafter from a feature store with EAGLE-3 Training-Time Test."""
+    """Stage 4: distill a drafter from a feature store with EAGLE-3 Training-Time Test.
+
+    \b
+    Example:
+      osprey train distill --drafter runs/osprey-init --store stores/train --out runs/osprey --steps 2000
+    """
     from osprey_train.stages.distill import DistillConfig, run
 
     loop, optim = loop_config(params), optim_config(params)

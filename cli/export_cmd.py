@@ -19,7 +19,12 @@ __all__ = ["export"]
               show_default=True, help="Weights dtype of the export.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool) -> None:
-    """Export a drafter for serving (SGLang, vLLM) or as an Osprey checkpoint."""
+    """Export a drafter for serving (SGLang, vLLM) or as an Osprey checkpoint.
+
+    \b
+    Example:
+      osprey export --drafter runs/osprey/final --format sglang --out exports/osprey
+    """
     from osprey_train.export import ExportConfig, run
 
     result = run(ExportConfig(drafter=drafter, format=fmt, out=out, dtype=dtype, overwrite=overwrite))

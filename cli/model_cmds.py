@@ -21,7 +21,12 @@ __all__ = ["prune", "convert"]
 @click.option("--gguf-file", default=None, help="GGUF file name inside --source (a folder).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite: bool) -> None:
-    """Stage 1: keep embedding, the first N blocks, final norm and LM head of a small LM."""
+    """Stage 1: keep embedding, the first N blocks, final norm and LM head of a small LM.
+
+    \b
+    Example:
+      osprey train prune --source HuggingFaceTB/SmolLM2-135M --layers 2 --out runs/pruned
+    """
     from osprey_train.stages.prune import PruneConfig, run
 
     result = run(PruneConfig(source=source, layers=layers, out=out, gguf_file=gguf_file, overwrite=overwrite))
@@ -35,7 +40,8 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
 @click.option("--target", default=None, help="Target model (folder, .gguf, hub id) or its tokenizer folder.")
 @click.option("--store", default=None, help="Feature store of the target (identity, taps, eagle3 vocab).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output drafter folder.")
-@click.option("--arch", type=click.Choice(["osprey", "eagle3"]), default="osprey", show_default=True)
+@click.option("--arch", type=click.Choice(["osprey", "eagle3"]), default="osprey", show_default=True,
+              help="osprey: convert a pre-trained backbone; eagle3: a fresh EAGLE-3 baseline head.")
 @click.option("--taps", default=None, help="Comma-separated tap layers (HF hidden_states ids) without --store.")
 @click.option("--draft-vocab", "--draft-vocab-size", "draft_vocab_size", type=int, default=None,
               help="Draft vocabulary: the N target tokens most frequent at --store's loss-masked positions "
@@ -45,7 +51,13 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 def convert(backbone: Path | None, target: str | None, store: str | None, out: Path, arch: str,
             taps: str | None, draft_vocab_size: int | None, seed: int, overwrite: bool) -> None:
-    """Stage 3: align vocabulary, add zero-init conditioned QKV columns and W_c (or init EAGLE-3)."""
+    """Stage 3: align vocabulary, add zero-init conditioned QKV columns and W_c (or init EAGLE-3).
+
+    \b
+    Example:
+      osprey train convert --backbone runs/backbone/final --store stores/train --out runs/osprey-init
+      osprey train convert --arch eagle3 --target MODEL --store stores/train --out runs/eagle3-init
+    """
     from osprey_train.stages.convert import ConvertConfig, run
 
     tap_ids = None

@@ -27,6 +27,10 @@ def pretrain(**params: Any) -> None:
     """Stage 2: pretrain a pruned backbone on generic text (launch with torchrun for DDP/FSDP).
 
     Held-out perplexity is measured at step 0, every --eval-every steps and at the end.
+
+    \b
+    Example:
+      osprey train pretrain --model runs/pruned --corpus corpora/generic --out runs/backbone --steps 2000
     """
     from osprey_train.stages.pretrain import PretrainConfig, run
 

@@ -104,7 +104,15 @@ _so = click.option("--storage-option", "storage_option", multiple=True, metavar=
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_so
 def validate(store: str, no_values: bool, as_json: bool, storage_option: tuple[str, ...]) -> None:
-    """Check a store: schema, shards, counts, shapes, dtypes, NaN/Inf, token ids, checksums."""
+    """Check a store: schema, shards, counts, shapes, dtypes, NaN/Inf, token ids, checksums.
+
+    Every file listed in every commit record is checked. Exit codes: 0 valid, 1 problems found
+    (listed), 2 no store at STORE or a bad option.
+
+    \b
+    Example:
+      osprey data validate stores/train
+    """
     ok = run_validate(ValidateConfig(store=store, check_values=not no_values, as_json=as_json,
                                      storage_options=_storage_options(storage_option)))
     if not ok:
@@ -116,7 +124,12 @@ def validate(store: str, no_values: bool, as_json: bool, storage_option: tuple[s
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @_so
 def inspect(store: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
-    """Summarise a store: samples, tokens, domains, bytes/token per array, target, taps."""
+    """Summarise a store: samples, tokens, domains, bytes/token per array, target, taps.
+
+    \b
+    Example:
+      osprey data inspect stores/train --json
+    """
     run_inspect(InspectConfig(store=store, as_json=as_json, storage_options=_storage_options(storage_option)))
 
 
@@ -124,5 +137,10 @@ def inspect(store: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
 @click.argument("store")
 @_so
 def merge(store: str, storage_option: tuple[str, ...]) -> None:
-    """Publish the shards of all workers that wrote into STORE (idempotent, lock-free)."""
+    """Publish the shards of all workers that wrote into STORE (idempotent, lock-free).
+
+    \b
+    Example:
+      osprey data merge stores/train
+    """
     run_merge(MergeConfig(store=store, storage_options=_storage_options(storage_option)))
