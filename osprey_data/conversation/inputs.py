@@ -179,7 +179,8 @@ def _read_parquet(path: Path) -> Iterator[RawRecord]:
     except Exception as exc:  # pyarrow raises several types for bad files
         raise InputError(f"{path}: cannot read as Parquet ({exc})") from None
     row = 0
-    for batch in pf.iter_batches(batch_size=1024):
+    # single-threaded: threaded Parquet reads can abort the interpreter at exit (apache/arrow#34314)
+    for batch in pf.iter_batches(batch_size=1024, use_threads=False):
         for record in batch.to_pylist():
             row += 1
             yield str(path), row, record, None

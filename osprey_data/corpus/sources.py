@@ -79,7 +79,8 @@ def _iter_parquet(path: Path, text_field: str, txt_docs: str) -> Iterator[tuple[
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
     _check_column(path, pf.schema_arrow.names, text_field)
     row = 0
-    for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+    # single-threaded: threaded Parquet reads can abort the interpreter at exit (apache/arrow#34314)
+    for batch in pf.iter_batches(columns=[text_field], batch_size=1024, use_threads=False):
         for value in batch.column(0).to_pylist():
             row += 1
             if not isinstance(value, str):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import queue
 import shutil
@@ -42,6 +41,7 @@ from typing import Any
 
 import google_crc32c
 
+from osprey_data import jsonio
 from osprey_data.atomic import temp_name
 from osprey_data.errors import ConfigError
 from osprey_data.store.fs import StoreFS
@@ -218,9 +218,10 @@ class CachedShardFS:
             self.read_bytes(self._prefix + COMMIT_FILE)
         return self._entries or {}
 
-    def read_bytes(self, rel: str) -> bytes:
+    def read_bytes(self, rel: str, *, size: int | None = None) -> bytes:
+        """As :meth:`StoreFS.read_bytes` (``size``: the commit record's, checked before reading)."""
         if not rel.startswith(self._prefix):
-            return self._fs.read_bytes(rel)
+            return self._fs.read_bytes(rel, size=size)
         inner = rel[len(self._prefix):]
         if inner == COMMIT_FILE:
             data = self._cache.get(self._info, COMMIT_FILE)
@@ -230,14 +231,14 @@ class CachedShardFS:
                     return data  # the store's own copy is wrong: the shard reader reports it
                 self._cache.put(self._info, COMMIT_FILE, data)
             try:
-                self._entries = dict(json.loads(data)["files"])
+                self._entries = dict(jsonio.loads(data)["files"])
             except (ValueError, KeyError, TypeError):
                 self._entries = {}  # malformed record: the shard reader reports it
             return data
         entry = self.entries().get(inner)
         data = self._cache.get(self._info, inner, entry) if entry is not None else None
         if data is None:
-            data = self._fs.read_bytes(rel)
+            data = self._fs.read_bytes(rel, size=size)
             if entry is not None and _intact(data, entry):
                 self._cache.put(self._info, inner, data)
         return data

@@ -21,14 +21,24 @@ A read-only StoreFS refuses every mutating call with StoreReadOnlyError (readers
 write the storage itself refuses (read-only credentials or mount) is a StoreReadOnlyError too,
 naming the location. Credentials never appear in messages: they come from the environment or
 fsspec's configuration, and a URL with an embedded password is refused.
+
+Every path goes through one resolver (:meth:`StoreFS.path`): relative, ``/``-separated, no
+``.``/``..``/empty components, so nothing named in a crafted manifest, journal or commit record
+can point outside the store. Local reads (:meth:`StoreFS.read_bytes`) then open without
+following a final symlink and without blocking, refuse anything but a regular file (a FIFO
+would hang, ``/dev/zero`` would never end, a directory is no chunk), refuse a file whose
+directory resolves outside the store, and check the size before reading: against the commit
+record's size when the caller knows it, else against :data:`MAX_METADATA_BYTES`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import stat
 import threading
 import uuid
 import warnings
@@ -41,9 +51,23 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from osprey_data.atomic import write_bytes
-from osprey_data.errors import ConfigError, StoreError, StoreNotFoundError, StoreReadOnlyError
+from osprey_data.errors import ConfigError, StoreCorruptError, StoreError, StoreNotFoundError, StoreReadOnlyError
 
-__all__ = ["StoreFS", "Versioned"]
+__all__ = ["StoreFS", "Versioned", "MAX_METADATA_BYTES"]
+
+# The largest file read without a size from a commit record (manifest, journals, commit records):
+# a million shards' manifest is ~300 MB; a crafted one cannot make a reader allocate more.
+MAX_METADATA_BYTES = 1 << 30
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symbolic link")):
+        if test(mode):
+            return name
+    return "special file"  # pragma: no cover
 
 # memory:// lives in this process: one lock serialises its compare-and-swap updates.
 _MEMORY_LOCK = threading.Lock()
@@ -98,10 +122,18 @@ class StoreFS:
         self.is_s3 = "s3" in protocols
         self.is_remote = not (self.is_local or self.is_memory)
         """Data crosses a network: worth a local cache (see ``cache.py``)."""
+        self._real_root: str | None = None
+        self._inside: set[str] = set()  # directories already resolved to inside the store
 
     # --- paths --------------------------------------------------------------------------
 
     def path(self, rel: str) -> str:
+        """The full path of ``rel``; StoreCorruptError when ``rel`` could leave the store."""
+        if rel:
+            parts = rel.split("/")
+            if rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
+                raise StoreCorruptError(f"{self.url.rstrip('/')}: refusing path {rel!r}: store paths are relative, "
+                                        "without '.', '..' or empty parts (a damaged or crafted store)")
         return f"{self.root}/{rel}" if rel else self.root
 
     def where(self, rel: str) -> str:
@@ -150,16 +182,80 @@ class StoreFS:
         self._fresh(self.path(rel))
         return bool(self.fs.exists(self.path(rel)))
 
-    def read_bytes(self, rel: str) -> bytes:
+    def check_root(self) -> None:
+        """StoreNotFoundError unless a local store root exists and is a folder."""
+        if not self.is_local:
+            return
+        if not os.path.lexists(self.root):
+            raise StoreNotFoundError(f"{self.url}: does not exist")
+        if not os.path.isdir(self.root):
+            raise StoreNotFoundError(f"{self.url}: is a file, not a store folder")
+
+    def _check_inside(self, p: str, rel: str) -> None:
+        """The folder holding ``p`` must resolve inside the store (a symlinked shard folder may
+        live elsewhere on disk only if it resolves under the store's own root)."""
+        folder = os.path.dirname(p)
+        if folder in self._inside:
+            return
+        if self._real_root is None:
+            self._real_root = os.path.realpath(self.root)
+        real = os.path.realpath(folder)
+        if real != self._real_root and not real.startswith(self._real_root.rstrip(os.sep) + os.sep):
+            raise StoreCorruptError(f"{self.where(rel)}: its folder resolves to {real}, outside the store; "
+                                    "refusing to read it (a damaged or crafted store)")
+        self._inside.add(folder)
+
+    def read_bytes(self, rel: str, *, size: int | None = None) -> bytes:
+        """The bytes of the regular file ``rel``.
+
+        Args:
+            size: the size the commit record gives; a file of another size is StoreCorruptError
+                before a byte is read. Without it the file may hold at most MAX_METADATA_BYTES.
+        """
+        limit = MAX_METADATA_BYTES if size is None else size
+        p = self.path(rel)
+        if not self.is_local:
+            try:
+                # at most one byte more than allowed: enough to tell a padded file
+                data = self.fs.cat_file(p, start=0, end=limit + 1)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"{self.where(rel)}: missing") from None
+            except IsADirectoryError:
+                raise StoreCorruptError(f"{self.where(rel)}: is a directory, not a file") from None
+            self._check_size(rel, len(data), size)
+            return data
+        self._check_inside(p, rel)
         try:
-            if self.is_local:
-                # plain open/read: fsspec's cat_file adds an opener object and seeks per call,
-                # which shows up when every chunk of every sample is read
-                with open(self.path(rel), "rb") as f:
-                    return f.read()
-            return self.fs.cat_file(self.path(rel))
+            # plain os-level open/read: fsspec's cat_file adds an opener object and seeks per
+            # call, which shows up when every chunk of every sample is read
+            fd = os.open(p, _OPEN_FLAGS)
         except FileNotFoundError:
             raise StoreNotFoundError(f"{self.where(rel)}: missing") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreCorruptError(f"{self.where(rel)}: is a symbolic link; store files are regular "
+                                        "files (a damaged or crafted store)") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreCorruptError(f"{self.where(rel)}: is a {_file_kind(st.st_mode)}, not a regular file "
+                                        "(a damaged or crafted store); refusing to read it")
+            self._check_size(rel, st.st_size, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        with open(fd, "rb", closefd=True) as f:
+            data = f.read(st.st_size + 1)
+        self._check_size(rel, len(data), size)  # changed while we read
+        return data
+
+    def _check_size(self, rel: str, actual: int, size: int | None) -> None:
+        if size is not None and actual != size:
+            raise StoreCorruptError(f"{self.where(rel)}: is truncated or padded ({actual} bytes, expected {size})")
+        if actual > MAX_METADATA_BYTES and size is None:
+            raise StoreCorruptError(f"{self.where(rel)}: {actual} bytes, more than any store metadata file may "
+                                    f"hold ({MAX_METADATA_BYTES}); refusing to read it")
 
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         try:

@@ -19,14 +19,15 @@ lock service; see ``fs.py`` for how each storage checks the version).
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import time
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from osprey_data import jsonio
 from osprey_data.errors import (FormatVersionError, ManifestMismatchError, SchemaError, StoreCorruptError,
                                 StoreError, StoreNotFoundError)
 from osprey_data.schema_check import validate
@@ -34,7 +35,7 @@ from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import (
     FORMAT_VERSION, Manifest, ShardInfo, StoreHeader, header_hash, parse_manifest,
 )
-from osprey_data.store.shard import TABLE_FILE
+from osprey_data.store.shard import TABLE_FILE, TABLE_READ_OPTIONS
 
 __all__ = ["MANIFEST_FILE", "read_manifest", "read_journal", "write_journal", "publish", "journal_path",
            "shard_sample_ids"]
@@ -52,6 +53,7 @@ def journal_path(worker: str) -> str:
 
 def read_manifest(fs: StoreFS) -> Manifest:
     """The store's manifest, or StoreNotFoundError saying what to do."""
+    fs.check_root()
     if not fs.exists(MANIFEST_FILE):
         hint = (" Worker journals exist: run `osprey data merge` to publish their shards."
                 if fs.listdir("workers") else "")
@@ -63,7 +65,7 @@ def read_manifest(fs: StoreFS) -> Manifest:
 def read_journal(fs: StoreFS, name: str) -> dict[str, Any]:
     rel = f"workers/{name}"
     try:
-        doc = json.loads(fs.read_bytes(rel).decode("utf-8"))
+        doc = jsonio.loads(fs.read_bytes(rel))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreCorruptError(f"{fs.where(rel)}: worker journal is not valid JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("format_version"), int) and doc["format_version"] > FORMAT_VERSION:
@@ -90,7 +92,8 @@ def shard_sample_ids(fs: StoreFS, shard_id: str) -> list[str]:
     """The sample ids of a committed shard, in row order (from its Parquet table)."""
     rel = f"shards/{shard_id}/{TABLE_FILE}"
     try:
-        return pq.read_table(io.BytesIO(fs.read_bytes(rel)), columns=["sample_id"]).column(0).to_pylist()
+        return pq.read_table(pa.BufferReader(fs.read_bytes(rel)), columns=["sample_id"],
+                             **TABLE_READ_OPTIONS).column(0).to_pylist()
     except StoreNotFoundError:
         raise StoreCorruptError(f"{fs.where(rel)}: missing for a committed shard") from None
     except Exception as exc:  # damaged parquet

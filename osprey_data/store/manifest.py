@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from osprey_data import jsonio
 from osprey_data.errors import (ConfigError, FormatVersionError, ManifestMismatchError, SchemaError,
                                 StoreCorruptError)
 from osprey_data.schema_check import validate
@@ -202,7 +203,7 @@ def parse_manifest(raw: bytes, *, where: str) -> Manifest:
         SchemaError: does not match the schema. ManifestMismatchError: inconsistent totals.
     """
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = jsonio.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreCorruptError(f"{where}: manifest is not valid JSON ({exc}); the store is damaged") from None
     if not isinstance(doc, dict):
@@ -224,4 +225,9 @@ def parse_manifest(raw: bytes, *, where: str) -> Manifest:
         raise ManifestMismatchError(f"{where}: header_sha256 does not match the header; the manifest was edited")
     if doc["num_samples"] != manifest.num_samples or doc["num_tokens"] != manifest.num_tokens:
         raise ManifestMismatchError(f"{where}: num_samples/num_tokens disagree with the shard list")
+    ids = [s.shard_id for s in manifest.shards]
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise StoreCorruptError(f"{where}: lists shard(s) {twice} more than once; every sample would be served "
+                                "twice — the manifest was edited or damaged (rerun `osprey data merge`)")
     return manifest

@@ -1,12 +1,18 @@
 """``validate_store``: a full integrity check of a store, reporting every problem found.
 
-Checks, in order: manifest (presence, JSON, format version, schema, totals); per listed shard:
-commit record (presence, sha256 vs manifest, schema, header), every file's size and CRC32C,
-array shapes/dtypes, table schema, row offsets, per-sample lengths, prompt lengths, token ids
-in range, duplicate sample ids across shards; then the values: NaN/Inf in hidden states and
+Checks, in order: manifest (presence, JSON, format version, schema, totals, unique shards); per
+listed shard: commit record (presence, sha256 vs manifest, schema, header), the set of files it
+lists against the shard's arrays (nothing missing, nothing extra), the size and CRC32C of every
+listed file, array shapes/dtypes, every ``zarr.json`` against the header (what an external Zarr
+reader trusts), table schema, row offsets, per-sample lengths, prompt lengths, token ids in
+range, duplicate sample ids across shards; then the values: NaN/Inf in hidden states and
 log-probs, top-k ids in range, log-probs <= 0 and sorted descending. Problems name the shard
 and the sample. Unlisted shard folders (temp dirs of running or crashed writers, unmerged
 shards) are reported as notes, not problems — readers never see them.
+
+With values checked (the default) every chunk is verified while it is decoded; without
+(``--no-values``) every chunk is verified on its own. Either way every file of every commit
+record is read and checked once.
 
 Legend: N rows of a shard, L taps, D hidden, K top-k.
 """
@@ -19,10 +25,12 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from osprey_data.errors import OspreyError
+from osprey_data import jsonio
+from osprey_data.errors import OspreyError, StoreNotFoundError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.journal import read_manifest
-from osprey_data.store.shard import ShardHandle
+from osprey_data.store.shard import TABLE_FILE, ZARR_DIR, ShardHandle, array_attributes, stored_arrays
+from osprey_data.store.zarrio import array_files, array_metadata, group_metadata
 from osprey_data.text import printable
 
 __all__ = ["Problem", "ValidationReport", "validate_store"]
@@ -79,11 +87,16 @@ def validate_store(url: str, storage_options: dict | None = None, *, check_value
         check_values: decode every chunk and check values (otherwise structure + checksums).
         max_problems: stop after this many problems.
         progress: show a tqdm bar over shards (the CLI turns it on).
+
+    Raises:
+        StoreNotFoundError: there is no store at ``url`` (no such path, a file, no manifest.json).
     """
     report = ValidationReport(url=url)
     fs = StoreFS(url, storage_options=storage_options, read_only=True)
     try:
         manifest = read_manifest(fs)
+    except StoreNotFoundError:
+        raise
     except OspreyError as exc:
         report.problems.append(Problem(None, None, str(exc)))
         return report
@@ -113,12 +126,29 @@ def _check_shard(fs: StoreFS, header, info, report: ValidationReport, seen: dict
                  check_values: bool) -> None:
     sid = info.shard_id
     h = ShardHandle(fs, header, info)
-    # 1. every file against its size and CRC32C (chunks are verified while decoding in step 3
-    # when values are checked, so they are read once)
+    # 1. the files the commit record lists are exactly the shard's files; each against its size
+    # and CRC32C (chunks are verified while decoding in step 3 when values are checked, so that
+    # they are read once)
     reader0 = h.reader("topk_ids")
     n_before = len(report.problems)
-    for rel in sorted(h.commit["files"]):
-        if check_values and "/c/" in rel:
+    arrays = stored_arrays(header)
+    for name in sorted(set(h.commit["arrays"]) - set(arrays)):
+        report.problems.append(Problem(sid, None, f"commit record lists array {name!r}, which a store of this "
+                                                  "header does not have"))
+    chunk_files: set[str] = set()
+    expected = {TABLE_FILE, f"{ZARR_DIR}/zarr.json"}
+    for name in arrays:
+        meta_file, chunks = array_files(f"{ZARR_DIR}/{name}", h.commit["arrays"][name])
+        expected.add(meta_file)
+        expected.update(chunks)
+        chunk_files.update(chunks)
+    listed = set(h.commit["files"])
+    for rel in sorted(expected - listed):
+        report.problems.append(Problem(sid, None, f"commit record does not list {rel}"))
+    for rel in sorted(listed - expected):
+        report.problems.append(Problem(sid, None, f"commit record lists {rel}, which is no file of this shard"))
+    for rel in sorted(listed):
+        if check_values and rel in chunk_files:
             continue
         try:
             report.bytes_checked += len(reader0.read_verified(rel))
@@ -126,6 +156,10 @@ def _check_shard(fs: StoreFS, header, info, report: ValidationReport, seen: dict
             report.problems.append(Problem(sid, None, str(exc)))
     if len(report.problems) > n_before:
         return  # values cannot be trusted past a checksum failure
+    # 1b. Zarr metadata against the header: an external Zarr reader trusts zarr.json alone
+    _check_zarr_metadata(h, header, report)
+    if len(report.problems) > n_before:
+        return
     # 2. table structure
     t = h.table()
     ids = t.column("sample_id").to_pylist()
@@ -186,4 +220,31 @@ def _check_shard(fs: StoreFS, header, info, report: ValidationReport, seen: dict
         for r in np.nonzero(bad_lp)[0][:3]:
             report.problems.append(Problem(sid, sample_at(a + r), f"topk_logprobs not finite, positive or not "
                                            f"descending at token row {a + r}"))
-    report.bytes_checked += sum(f["bytes"] for rel, f in h.commit["files"].items() if "/c/" in rel)
+    report.bytes_checked += sum(h.commit["files"][rel]["bytes"] for rel in chunk_files)
+
+
+def _check_zarr_metadata(h: ShardHandle, header, report: ValidationReport) -> None:
+    """Every ``zarr.json`` must say exactly what the writer wrote for this header and commit."""
+    sid = h.info.shard_id
+    reader0 = h.reader("topk_ids")
+    wanted = {f"{ZARR_DIR}/zarr.json": group_metadata({"osprey_shard": sid})}
+    for name in stored_arrays(header):
+        meta = h.commit["arrays"][name]
+        wanted[f"{ZARR_DIR}/{name}/zarr.json"] = array_metadata(
+            meta["shape"], np.dtype(meta["dtype"]), meta["chunk_rows"], array_attributes(header, name),
+            meta["compression"])
+    for rel, want in wanted.items():
+        try:
+            doc = jsonio.loads(reader0.read_verified(rel))
+        except OspreyError as exc:
+            report.problems.append(Problem(sid, None, str(exc)))
+            continue
+        except ValueError as exc:  # not JSON (UnicodeDecodeError, JSONDecodeError)
+            report.problems.append(Problem(sid, None, f"{rel} is not valid JSON ({exc})"))
+            continue
+        expected = jsonio.loads(want)
+        if doc != expected:
+            fields = sorted(k for k in set(doc) | set(expected) if doc.get(k) != expected.get(k)) \
+                if isinstance(doc, dict) else ["(not an object)"]
+            report.problems.append(Problem(sid, None, f"{rel} disagrees with the commit record and header in "
+                                                      f"{', '.join(fields)}; Zarr readers would misread the array"))

@@ -33,7 +33,7 @@ import numpy as np
 from osprey_data.errors import StoreCorruptError, StoreNotFoundError
 
 __all__ = ["CHUNK_TARGET_BYTES", "ZSTD_LEVEL", "ChunkedArrayWriter", "ChunkedArrayReader",
-           "choose_chunk_rows", "group_metadata", "file_entry", "verify_file"]
+           "choose_chunk_rows", "group_metadata", "array_metadata", "array_files", "file_entry", "verify_file"]
 
 # Aim for chunks of ~2 MiB uncompressed: large enough that per-object overhead (S3 GETs,
 # blosc headers) vanishes, small enough that random access to one sample reads little extra.
@@ -183,8 +183,9 @@ def group_metadata(attributes: dict[str, Any] | None = None) -> bytes:
                       indent=1).encode()
 
 
-def _array_metadata(shape: list[int], dtype: np.dtype, chunk_rows: int,
-                    attributes: dict[str, Any], compression: str) -> bytes:
+def array_metadata(shape: list[int], dtype: np.dtype, chunk_rows: int,
+                   attributes: dict[str, Any], compression: str) -> bytes:
+    """The ``zarr.json`` of an array: what the writer writes, and what validate expects."""
     doc = {
         "zarr_format": 3,
         "node_type": "array",
@@ -202,6 +203,13 @@ def _array_metadata(shape: list[int], dtype: np.dtype, chunk_rows: int,
 
 def _chunk_key(i: int, ndim: int) -> str:
     return "c/" + "/".join([str(i)] + ["0"] * (ndim - 1))
+
+
+def array_files(rel_dir: str, meta: dict[str, Any]) -> tuple[str, list[str]]:
+    """(metadata file, chunk files) of an array written with commit-record metadata ``meta``."""
+    shape, rows = meta["shape"], int(meta["chunk_rows"])
+    chunks = -(-int(shape[0]) // rows)
+    return f"{rel_dir}/zarr.json", [f"{rel_dir}/{_chunk_key(i, len(shape))}" for i in range(chunks)]
 
 
 class ChunkedArrayWriter:
@@ -263,7 +271,7 @@ class ChunkedArrayWriter:
         self._rows_written = total
         shape = [total, *self.per_row_shape]
         self.sink(f"{self.rel_dir}/zarr.json",
-                  _array_metadata(shape, self.dtype, self.chunk_rows, self.attributes, self.compression))
+                  array_metadata(shape, self.dtype, self.chunk_rows, self.attributes, self.compression))
         return {"shape": shape, "dtype": self.dtype.name, "chunk_rows": self.chunk_rows,
                 "compression": self.compression}
 
@@ -280,7 +288,7 @@ class ChunkedArrayReader:
     (zstd, CRC32C and numpy release the GIL): :meth:`take`, :meth:`load`, then :meth:`keep`.
     """
 
-    def __init__(self, read: Callable[[str], bytes], rel_dir: str, expected: dict[str, Any],
+    def __init__(self, read: Callable[[str, int], bytes], rel_dir: str, expected: dict[str, Any],
                  files: dict[str, dict[str, int]], *, where: str, cache_chunks: int = 2) -> None:
         self._read = read
         self.rel_dir = rel_dir
@@ -299,12 +307,13 @@ class ChunkedArrayReader:
         self._per_row = int(np.prod(self.shape[1:], dtype=np.int64))
 
     def read_verified(self, rel: str) -> bytes:
-        """Bytes of ``rel`` (relative to the shard), checked against the commit record."""
+        """Bytes of ``rel`` (relative to the shard), checked against the commit record (the size
+        before anything is read: ``read(rel, size)`` refuses a file of another size)."""
         entry = self.files.get(rel)
         if entry is None:
             raise StoreCorruptError(f"{self.where}: {rel} is not listed in the shard's _COMMIT.json")
         try:
-            data = self._read(rel)
+            data = self._read(rel, int(entry["bytes"]))
         except StoreNotFoundError:
             raise StoreCorruptError(f"{self.where}: {rel} is missing (listed in _COMMIT.json)") from None
         verify_file(data, entry, where=self.where, rel=rel)

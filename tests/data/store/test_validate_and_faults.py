@@ -61,8 +61,11 @@ def test_truncated_chunk_and_missing_file(tmp_path):
 
 
 def test_missing_and_wrong_manifest(tmp_path):
-    with pytest.raises(StoreNotFoundError, match="no manifest.json"):
+    with pytest.raises(StoreNotFoundError, match="nothing: does not exist"):
         StoreReader(str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreNotFoundError, match="no manifest.json"):
+        StoreReader(str(tmp_path / "empty"))
     url = _store(tmp_path / "s")
     mf = tmp_path / "s" / "manifest.json"
     good = mf.read_text()
