@@ -52,6 +52,8 @@ from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMi
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.store import StoreHeader, StoreReader, StoreWriter
 from osprey_data.store.fs import StoreFS
+from osprey_data.store.worker_lock import WorkerLock
+from osprey_data.store.writer import worker_name
 from osprey_data.target import TapLayers, chat_template_hash, default_tap_layers, peek_num_layers
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
@@ -189,6 +191,12 @@ def _check_before_loading(config: BuildConfig) -> str:
     if verdict == "store":
         old = _existing_header(config)
         if old is not None:
+            # another live process writing as this worker: say so now, not after the model loads
+            # (the writer takes the lock for good when it opens the store)
+            lock = WorkerLock(StoreFS(config.out, storage_options=config.storage_options, read_only=False),
+                              worker_name(config.worker_index, config.num_workers))
+            lock.acquire()
+            lock.release()
             new = config.content_settings()
             # known before loading: everything but an "auto" dtype and default taps
             keys = [k for k in new if not (k == "dtype" and new[k] == "auto")

@@ -13,9 +13,14 @@ collide):
 4. With ``num_workers == 1`` the manifest is republished; otherwise ``merge_store`` does it.
 
 A crash between any two steps is repaired when the same worker reopens the store: temp dirs
-are deleted, a committed-but-unjournaled shard is adopted (its _COMMIT.json proves it
-complete), an uncommitted object-store shard is deleted. ``done_sample_ids`` then lists
-exactly the samples in journaled shards, so the builder resumes with nothing lost or doubled.
+are deleted, a committed-but-unjournaled shard is adopted (its _COMMIT.json proves it complete,
+once every file it lists is found with its size), an uncommitted or incomplete shard is deleted.
+``done_sample_ids`` then lists exactly the samples in journaled shards, so the builder resumes
+with nothing lost or doubled.
+
+Only one live process may write as a given worker (:mod:`.worker_lock`): recovery deletes that
+worker's unfinished shards, which would be another live writer's work. A commit checks that
+every file of the shard is in place before the shard is journaled.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from osprey_data.store.journal import (
     MANIFEST_FILE, publish, read_journal, read_manifest, shard_sample_ids, write_journal,
 )
 from osprey_data.store.records import SampleRecord, check_record
-from osprey_data.store.shard import COMMIT_FILE, ShardBuilder, info_from_commit, parse_commit
+from osprey_data.store.shard import COMMIT_FILE, ShardBuilder, info_from_commit, missing_files, parse_commit
+from osprey_data.store.worker_lock import WorkerLock
 
 __all__ = ["StoreWriter", "QUEUE_RECORDS"]
 
@@ -67,8 +73,14 @@ class StoreWriter:
         self._shards: list[ShardInfo] = []
         self._done: set[str] = set()
         self._pending_ids: set[str] = set()
-        self._open_or_create()
-        self._recover()
+        self.worker_lock = WorkerLock(self.fs, self.worker)
+        self.worker_lock.acquire()  # before recovery, which deletes this worker's unfinished shards
+        try:
+            self._open_or_create()
+            self._recover()
+        except BaseException:
+            self.worker_lock.release()
+            raise
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_RECORDS)
         self._bg_error: BaseException | None = None
         self._builder: ShardBuilder | None = None
@@ -113,10 +125,13 @@ class StoreWriter:
                     doc = parse_commit(raw, where=self.fs.where(rel))
                     if doc["header_sha256"] != header_hash(self.header):
                         raise ManifestMismatchError(f"{self.fs.where('shards/' + name)}: shard of a different header")
-                    self._shards.append(info_from_commit(raw, doc))
-                    changed = True
-                else:  # object store: shard files written in place but never committed
-                    self.fs.remove_tree(f"shards/{name}")
+                    if not missing_files(self.fs, f"shards/{name}", doc):
+                        self._shards.append(info_from_commit(raw, doc))
+                        changed = True
+                        continue
+                # never journaled and incomplete (files written in place on an object store but
+                # never committed, or a commit whose files are gone): its samples are redone
+                self.fs.remove_tree(f"shards/{name}")
         self._shards.sort(key=lambda s: s.shard_id)
         for info in self._shards:
             self._done.update(shard_sample_ids(self.fs, info.shard_id))
@@ -178,10 +193,13 @@ class StoreWriter:
         self._closed = True
         self._queue.put(_CLOSE)
         self._thread.join()
-        self._raise_bg_error()
-        self._write_journal()
-        if self.num_workers == 1:
-            publish(self.fs, self.header, check_duplicates=False)
+        try:
+            self._raise_bg_error()
+            self._write_journal()
+            if self.num_workers == 1:
+                publish(self.fs, self.header, check_duplicates=False)
+        finally:
+            self.worker_lock.release()
 
     def abort(self) -> None:
         """Stop without committing the open shard (already committed shards stay)."""
@@ -190,7 +208,10 @@ class StoreWriter:
         self._closed = True
         self._queue.put(_ABORT)
         self._thread.join()
-        self._write_journal()
+        try:
+            self._write_journal()
+        finally:
+            self.worker_lock.release()
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -253,10 +274,17 @@ class StoreWriter:
     def _commit(self) -> None:
         b = self._builder
         assert b is not None
-        _, info = b.finish()
+        raw, info = b.finish()
         final = f"shards/{b.shard_id}"
         if b.rel_dir != final:
             self.fs.rename_dir(b.rel_dir, final)
+        # the shard is journaled (and published) only with every file in place, as recorded
+        problems = missing_files(self.fs, final, parse_commit(raw, where=self.fs.where(final)))
+        if self.fs.read_bytes(f"{final}/{COMMIT_FILE}") != raw:
+            problems.append(f"{COMMIT_FILE} differs from the one written")
+        if problems:
+            raise StoreError(f"{self.fs.where(final)}: shard not committed, its files changed under the writer "
+                             f"({'; '.join(problems)}); is another process writing as worker {self.worker}?")
         ids = {r["sample_id"] for r in b.rows}
         with self._lock:
             self._shards.append(info)
