@@ -311,8 +311,13 @@ class StoreFS:
             if self.is_local:
                 p = self.path(rel)
                 os.makedirs(os.path.dirname(p), exist_ok=True)
-                with open(p, "wb") as f:
-                    f.write(data)
+                try:
+                    with open(p, "wb") as f:
+                        f.write(data)
+                except OSError as exc:
+                    if exc.filename is None:
+                        exc.filename = p  # a full disk's write() error names no file of its own
+                    raise
             else:
                 self.fs.pipe_file(self.path(rel), data)
 

@@ -241,6 +241,7 @@ class StoreWriter:
                             self._discard()
                     except BaseException as exc:  # reported by close()
                         self._bg_error = exc
+                        self._discard_quietly()
                 return
             if self._bg_error is not None:
                 continue  # keep draining so add() never blocks forever
@@ -252,10 +253,7 @@ class StoreWriter:
                     self._commit()
             except BaseException as exc:
                 self._bg_error = exc
-                try:
-                    self._discard()
-                except Exception:
-                    pass
+                self._discard_quietly()
 
     def _start_shard(self) -> None:
         shard_id = f"{self.worker}-{self._next_seq:06d}"
@@ -263,6 +261,13 @@ class StoreWriter:
         rel = (f"shards/.tmp-{shard_id}-{uuid.uuid4().hex[:8]}" if self.fs.is_local
                else f"shards/{shard_id}")
         self._builder = ShardBuilder(self.fs, self.header, shard_id=shard_id, worker=self.worker, rel_dir=rel)
+
+    def _discard_quietly(self) -> None:
+        """After a failure: remove the unfinished shard (its own error is the one reported)."""
+        try:
+            self._discard()
+        except Exception:
+            pass
 
     def _discard(self) -> None:
         if self._builder is not None:

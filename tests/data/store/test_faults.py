@@ -421,3 +421,38 @@ def test_inspect_in_many_fresh_processes_never_aborts(tmp_path):
     for _ in range(60):  # threaded reads aborted 2-12 runs in 60 (pyarrow 26); none since
         codes.append(subprocess.run([sys.executable, "-c", _INSPECT, url], cwd=ROOT, capture_output=True).returncode)
     assert codes == [0] * len(codes)
+
+
+def test_full_disk_while_writing_a_shard_names_the_file_and_leaves_no_temp_dir(tmp_path, monkeypatch):
+    import errno
+
+    from osprey_data.store import fs as fs_mod
+
+    url = str(tmp_path / "s")
+    with StoreWriter(url, make_header(), shard_max_tokens=40) as w:  # one committed shard first
+        for i in range(3):
+            w.add(make_record(i, T=20))
+
+    import builtins
+
+    class FullDisk:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk_open(file, mode="r", *args, **kwargs):
+        return FullDisk() if "w" in mode else builtins.open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(fs_mod, "open", full_disk_open, raising=False)
+    w = StoreWriter(url, make_header(), shard_max_tokens=40)
+    w.add(make_record(3, T=20))
+    with pytest.raises(StoreError, match=r"No space left on device: '.*/shards/\.tmp-w000of001-\d+-\w+/"):
+        w.close()
+    monkeypatch.undo()
+    assert not [p for p in (tmp_path / "s" / "shards").iterdir() if p.name.startswith(".tmp-")]
+    assert validate_store(url).ok and len(StoreReader(url)) == 3
