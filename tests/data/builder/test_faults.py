@@ -19,22 +19,16 @@ import pytest
 from click.testing import CliRunner
 
 from osprey_cli.main import cli
-from osprey_data.builder import BuildConfig, run
+from osprey_data.builder import run
 from osprey_data.builder import runner as runner_module
 from osprey_data.builder.backends import hf as hf_module
 from osprey_data.errors import ConfigError, InputError, Interrupted, ManifestMismatchError
 from osprey_data.store import StoreReader, validate_store
 from tests.data.builder.test_runner import assert_same_samples
+from tests.data.builder.test_runner import config as _config
 from tests.data.conftest import PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _config(model_dir, inputs, out, **kw) -> BuildConfig:
-    base = dict(target=str(model_dir), inputs=tuple(str(i) for i in inputs), out=str(out), device="cpu",
-                max_new_tokens=6, topk=8, batch_size=2, progress=False)
-    base.update(kw)
-    return BuildConfig(**base)
 
 
 @pytest.fixture()
@@ -236,7 +230,7 @@ def test_progress_moves_per_sample_during_generation(tiny_llama_dir, tmp_path, m
 def test_full_disk_writing_the_journal_is_one_line_and_leaves_no_temp_file(tiny_llama_dir, prompts_file,
                                                                             tmp_path, monkeypatch):
     store = tmp_path / "s"
-    real_open, real_write = os.open, os.write
+    real_open = os.open
     journal_fds: set[int] = set()
 
     def tracking_open(path, flags, *args, **kwargs):
