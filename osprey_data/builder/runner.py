@@ -182,8 +182,6 @@ def _check_before_loading(config: BuildConfig) -> str:
     """Every check that needs no model: ``--out``, ``--layers`` against the target's config, and the
     content settings against an existing store. Returns :func:`check_output`'s verdict."""
     verdict = check_output(config.out, overwrite=config.overwrite)
-    # Refused writes (read-only credentials or mount) fail now, not after loading the target.
-    StoreFS(config.out, storage_options=config.storage_options, read_only=False).check_writable()
     if config.layers is not None:
         num_layers = peek_num_layers(config.target, config.gguf_file)
         if num_layers is not None:
@@ -204,6 +202,9 @@ def _check_before_loading(config: BuildConfig) -> str:
             diffs = _setting_differences(old.build_config, new, keys)
             if diffs:
                 _refuse_mismatch(config, diffs)
+    # Refused writes (read-only credentials or mount) fail now, not after loading the target;
+    # last, as the probe creates --out.
+    StoreFS(config.out, storage_options=config.storage_options, read_only=False).check_writable()
     return verdict
 
 

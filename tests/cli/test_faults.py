@@ -81,9 +81,9 @@ def test_live_malformed_input_fails_before_any_model_loads(random_drafter, tiny_
 
 
 def test_acceptance_missing_store_fails_before_the_drafter_loads(random_drafter, tmp_path, monkeypatch):
-    import osprey_train.models as models
+    from osprey_train.evaluation import acceptance
 
-    monkeypatch.setattr(models, "load_drafter", lambda *a, **k: pytest.fail("drafter loaded"))
+    monkeypatch.setattr(acceptance, "load_drafter", lambda *a, **k: pytest.fail("drafter loaded"))
     result = CliRunner().invoke(cli, ["eval", "acceptance", "--drafter", str(random_drafter), "--store",
                                       str(tmp_path / "nope")])
     assert result.exit_code == 2 and "error:" in result.output and "Traceback" not in result.output

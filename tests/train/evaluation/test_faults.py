@@ -4,7 +4,7 @@ lines or reach the terminal as escape sequences (issue #12, item 16)."""
 from __future__ import annotations
 
 from osprey_train.evaluation.acceptance import AcceptanceReport
-from osprey_train.evaluation.live import summarize
+from osprey_train.evaluation.live_report import summarize
 
 CRAFTED = "chat\nNOTE: proxy figure — forged\x1b[31m\u202e"
 
