@@ -182,7 +182,12 @@ def _flex(q, ks, vs, doc_ids_BT, scale, block_size, state=None):
         raise BackendUnavailableError(
             "flex_attention has no backward on CPU in this torch; train on CPU with "
             "--attention sdpa (or eager); flex is for CUDA")
-    B, H, T, _ = q.shape
+    B, H, T, head_dim = q.shape
+    if q.device.type == "cuda" and head_dim < 16:
+        # The compiled kernel's lowering refuses it deep inside inductor; say so up front.
+        raise BackendUnavailableError(
+            f"TTT attention 'flex' on CUDA needs a head dimension of at least 16 (this drafter has "
+            f"{head_dim}); use --attention sdpa")
     kv_len = T * len(ks)
     docs = doc_ids_BT
 

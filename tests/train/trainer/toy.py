@@ -79,7 +79,7 @@ class ToyTask:
         return loss, {"tokens": float(ids[:, 1:].numel())}
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        ids = self._sequences(7, 16)
+        ids = self._sequences(7, 16).to(next(model.parameters()).device)
         logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, self.vocab), ids[:, 1:].reshape(-1)).item()
         return {"eval_loss": loss, "eval_ppl": math.exp(loss)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osprey_data.errors import ConfigError
+from osprey_data.errors import BackendUnavailableError, ConfigError
 from osprey_train.ttt.attention import TTTAttention, document_positions, flex_available
 
 
@@ -47,7 +47,8 @@ def test_forward_and_gradients_match_naive(impl, steps):
 
 
 def _check_flex(device, steps):
-    qkv, doc_ids = _make(steps)
+    # Compiled flex on CUDA needs a head dimension of at least 16 (inductor's lowering).
+    qkv, doc_ids = _make(steps, d=16 if device == "cuda" else 8)
     qkv = [tuple(t.detach().to(device).requires_grad_() for t in trip) for trip in qkv]
     doc_ids = doc_ids.to(device)
     if device == "cpu":
@@ -75,6 +76,14 @@ def test_flex_forward_matches_naive_cpu(steps):
 @pytest.mark.parametrize("steps", [0, 3, 8])
 def test_flex_forward_and_gradients_match_naive_cuda(steps):
     _check_flex("cuda", steps)
+
+
+@pytest.mark.gpu
+def test_flex_refuses_a_head_dim_below_16_on_cuda_clearly():
+    qkv, doc_ids = _make(0, d=8)
+    qkv = [tuple(t.detach().cuda() for t in trip) for trip in qkv]
+    with pytest.raises(BackendUnavailableError, match="at least 16"):
+        _run("flex", qkv, doc_ids.cuda())
 
 
 def test_flex_refuses_cpu_backward_clearly():
