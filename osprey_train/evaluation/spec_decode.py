@@ -111,13 +111,22 @@ class HFTargetSession:
         self.forwards = 0
 
     @torch.no_grad()
-    def forward(self, ids: Sequence[int], *, want_taps: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ``ids`` after the cached ones; return float32 logits (T, V) and taps (T, L, Dt)."""
+    def forward(self, ids: Sequence[int], *, want_taps: bool, positions: Sequence[int] | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ``ids`` after the cached ones; return float32 logits (T, V) and taps (T, L, Dt).
+
+        ``positions`` (default: consecutive after the cache) and a 4D additive ``attention_mask``
+        over the cache and the new tokens serve tree verification (:mod:`tree_verify`).
+        """
         num = len(ids)
         input_ids_BT = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
+        if positions is None:
+            position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
+        else:
+            position_ids_BT = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids_BT, position_ids=position_ids_BT, use_cache=True,
-                         output_hidden_states=want_taps, **{self._cache_kw: self.cache})
+                         attention_mask=attention_mask, output_hidden_states=want_taps,
+                         **{self._cache_kw: self.cache})
         # DynamicCache is updated in place; self.cache stays the live object
         self.length += num
         self.forwards += 1

@@ -106,3 +106,24 @@ def make_sharp_llama(out_dir, tokenizer_dir, *, init_range: float = 0.15, seed: 
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def make_live_setup(root, target, *, max_new_tokens: int) -> dict:
+    """Prompt file and store from ``TINY_PROMPTS`` answered by ``target`` (a plain random byte-level
+    model: the store holds its ids verbatim), and an Osprey drafter pruned from it and converted."""
+    import json
+
+    from osprey_train.stages.convert import ConvertConfig
+    from osprey_train.stages.convert import run as convert
+    from osprey_train.stages.prune import PruneConfig
+    from osprey_train.stages.prune import run as prune
+    from tests.helpers.tiny_store import TINY_PROMPTS, make_tiny_store
+
+    root = Path(root)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in TINY_PROMPTS), encoding="utf-8")
+    store = make_tiny_store(root / "store", target, prompts=TINY_PROMPTS, max_new_tokens=max_new_tokens)
+    backbone = prune(PruneConfig(source=str(target), layers=2, out=root / "backbone")).out
+    drafter = convert(ConvertConfig(backbone=backbone, target=str(target), store=str(store),
+                                    out=root / "drafter")).out
+    return {"prompts": prompts, "store": store, "drafter": drafter, "target": target, "root": root}
