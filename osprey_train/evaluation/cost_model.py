@@ -39,14 +39,13 @@ Legend: n tokens verified per round.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import write_json
-from osprey_data.errors import ConfigError, InputError
-from osprey_data.schema_check import validate
+from osprey_data.errors import ConfigError
+from osprey_data.schema_check import load_json, validate
 from osprey_train.evaluation.tree_shape import TreeShape
 
 __all__ = ["CostModel", "COST_FORMAT", "COST_PRESETS", "parse_cost"]
@@ -185,14 +184,8 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(f"cost model {path}: no such file")
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"cost model {path}: not valid JSON ({exc})") from None
-        return cls.from_dict(doc, where=str(path))
+        """Read a cost-model file; errors name it (``InputError``, ``SchemaError``, ``ConfigError``)."""
+        return cls.from_dict(load_json(path, SCHEMA, what="cost model"), where=str(path))
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (validated against the schema first)."""

@@ -14,14 +14,13 @@ predicted speedup vs num_draft_tokens, one line per topk; at each point the best
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_json, write_text
-from osprey_data.errors import ConfigError, InputError
-from osprey_data.schema_check import validate
+from osprey_data.errors import ConfigError
+from osprey_data.schema_check import load_json, validate
 from osprey_train.evaluation.acceptance import load_drafter_and_store
 from osprey_train.evaluation.cost_model import CostModel
 from osprey_train.evaluation.cpu_threads import torch_threads
@@ -225,15 +224,7 @@ def plot_sweep(res: SweepResult, path: Path) -> Path:
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
     """Read and validate a ``sweep.json`` (errors name the file)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"sweep {path}: no such file")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"sweep {path}: not valid JSON ({exc})") from None
-    validate(doc, SCHEMA, where=str(path))
-    return doc
+    return load_json(path, SCHEMA, what="sweep")
 
 
 def run(cfg: SweepConfig) -> SweepResult:

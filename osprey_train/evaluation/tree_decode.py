@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from osprey_data.errors import ModelError
-from osprey_train.evaluation.spec_decode import GenerationResult, HFTargetSession, _cut
+from osprey_train.evaluation.spec_decode import GenerationResult, HFTargetSession, cut_emitted, prefill
 from osprey_train.evaluation.tree_live_drafter import TreeDrafterSession
 from osprey_train.evaluation.tree_shape import TreeShape
 from osprey_train.evaluation.tree_verify import keep_path, tree_attention_mask, verify_tree_greedy
@@ -45,20 +45,10 @@ def tree_speculative_generate(target: HFTargetSession, drafter: TreeDrafterSessi
                               shape: TreeShape, max_new_tokens: int,
                               eos_ids: Sequence[int] = ()) -> GenerationResult:
     """Generate greedily with tree speculative decoding; ``drafted`` holds the tree depth per round."""
-    if len(prompt_ids) < 1:
-        raise ValueError("speculative decoding needs a non-empty prompt")
     check_tree_target(target)
     eos = frozenset(int(i) for i in eos_ids)
     start = time.perf_counter()
-    target.reset()
-    drafter.reset()
-    ids = [int(i) for i in prompt_ids]
-    logits_TV, new_taps_TLDt = target.forward(ids, want_taps=True)
-    first = int(logits_TV[-1].argmax())
-    ids.append(first)
-    result = GenerationResult(output_ids=[first])
-    if first in eos:
-        result.finish_reason = "stop"
+    ids, result, new_taps_TLDt = prefill(target, drafter, prompt_ids, eos=eos)
     while result.finish_reason != "stop" and len(result.output_ids) < max_new_tokens:
         room = max_new_tokens - len(result.output_ids)
         tree = drafter.propose_tree(ids, new_taps_TLDt, shape)
@@ -68,12 +58,9 @@ def tree_speculative_generate(target: HFTargetSession, drafter: TreeDrafterSessi
                                               positions=[past] + [past + d for d in tree.depths],
                                               attention_mask=mask)
         path, next_id = verify_tree_greedy(tree, logits_nV)
-        new_ids, stopped = _cut([tree.tokens[i - 1] for i in path] + [next_id], eos, room)
+        new_ids, stopped = cut_emitted([tree.tokens[i - 1] for i in path] + [next_id], eos, room)
         ids.extend(new_ids)
-        result.output_ids.extend(new_ids)
-        result.accept_lengths.append(len(new_ids))
-        result.drafted.append(min(shape.steps, room))
-        result.accepted.append(min(len(path), len(new_ids)))
+        result.add_round(new_ids, drafted=min(shape.steps, room), accepted=len(path))
         keep_path(target, past, path)
         target.crop(len(ids) - 1)
         new_taps_TLDt = taps_nLDt[[0, *path]][: len(new_ids)]

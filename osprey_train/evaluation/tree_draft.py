@@ -163,6 +163,7 @@ def grow_trees(drafter, token_ids_T: Tensor, taps_TLDt: Tensor, roots_R: Tensor,
     attn.query_slot_N = roots_R.repeat_interleave(K)
     cond_ND = root_hidden_RD.repeat_interleave(K, dim=0)
     rows_N = torch.arange(R * K, device=device)
+    parent_row_N = rows_N  # each depth's nodes' parents among the previous depth's rows (set below)
     for depth in range(1, steps):
         if kv == "sglang" or depth == 1:
             attn.history.append(rows_N)

@@ -28,26 +28,18 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError
-from osprey_data.store import StoreReader
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.tree_acceptance import evaluate_tree_acceptance, expected_continuations, tree_walk
 from osprey_train.evaluation.tree_draft import grow_trees, round_roots
 from osprey_train.evaluation.tree_growth import TreeCandidates, accepted_depths, select_nodes
 from osprey_train.evaluation.tree_shape import TreeShape, max_draft_nodes, parse_tree_shape
-from osprey_train.models import CausalAttention, load_drafter
-from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store, quick_distill
+from osprey_train.models import CausalAttention
+from tests.train.evaluation.store_util import make_layout_setup
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_tokenizer_dir):
-    root = tmp_path_factory.mktemp("tree_draft")
-    target = make_sharp_llama(root / "target", tiny_tokenizer_dir, init_range=0.6)
-    reader = StoreReader(str(make_store(root / "store", target, num_samples=4, max_new_tokens=14)))
-    distilled = quick_distill(load_drafter(make_drafter_dir(root / "osprey", seed=3)), reader, steps=10, lr=1e-2)
-    osprey = load_drafter(make_drafter_dir(root / "osprey-random", seed=5))
-    eagle3 = load_drafter(make_drafter_dir(root / "eagle3", preset="tiny-eagle3", seed=2,
-                                           draft_vocab=torch.arange(128) * 3))
-    return reader, {"osprey-distilled": distilled, "osprey-random": osprey, "eagle3-random": eagle3}
+    return make_layout_setup(tmp_path_factory.mktemp("tree_draft"), tiny_tokenizer_dir)
 
 
 class NaiveTree:

@@ -9,15 +9,13 @@ import torch
 from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, InputError, SchemaError
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target import TapLayers
 from osprey_train.evaluation.cost_model import parse_cost
 from osprey_train.evaluation.sweep import SweepResult, SweepRow
 from osprey_train.evaluation.tree_shape import TreeShape
 from osprey_train.export import ExportConfig, run
 from osprey_train.models import DrafterConfig, OspreyDrafter, save_drafter
-
-TARGET = TargetIdentity(name_or_path="/models/target", model_type="llama", config_hash="c", tokenizer_hash="t",
-                        vocab_size=384, hidden_size=64, num_layers=6, dtype="float32")
+from tests.train.export.test_export import TARGET
 
 
 @pytest.fixture(scope="module")
