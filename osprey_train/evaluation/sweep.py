@@ -21,6 +21,7 @@ from typing import Any
 from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.errors import ConfigError
 from osprey_data.schema_check import load_json, validate
+from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import load_drafter_and_store
 from osprey_train.evaluation.cost_model import CostModel
 from osprey_train.evaluation.cpu_threads import torch_threads
@@ -176,7 +177,7 @@ class SweepResult:
             lines.append(f"\nNOTE: proxy figures: {self.proxy_reason}.")
         for note in self.assumptions:
             lines.append(f"\nAssumption: {note}.")
-        return "\n".join(lines) + "\n"
+        return "\n".join(printable(line) for line in lines) + "\n"  # paths and the cost file's device text
 
 
 def plot_sweep(res: SweepResult, path: Path) -> Path:

@@ -25,6 +25,7 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 from osprey_data.schema_check import validate
+from osprey_data.text import printable
 from osprey_train.evaluation.sweep import load_sweep
 from osprey_train.evaluation.tree_shape import TreeShape
 
@@ -65,13 +66,13 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
                           "run `osprey eval sweep ... --cost FILE|example-gpu|draft_step=...` first")
     shape = TreeShape(steps=best["steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
     cost = doc["cost_model"] or {}
-    note = (f"tuned offline by `osprey eval sweep` ({doc['num_samples']} samples of {doc['store']}, draft KV layout "
-            f"{doc['draft_kv']}): best predicted speedup x{best['speedup']:.3f} with costs of "
-            f"{cost.get('device', '?')}")
+    note = printable(f"tuned offline by `osprey eval sweep` ({doc['num_samples']} samples of {doc['store']}, draft KV "
+                     f"layout {doc['draft_kv']}): best predicted speedup x{best['speedup']:.3f} with costs of "
+                     f"{cost.get('device', '?')}")  # the sweep file's strings go into a README
     if cost.get("assumed"):
         note += " (assumed costs, not measured: check the speedup on your GPU)"
     if doc["proxy"]:
-        note += f"; proxy acceptance figures: {doc['proxy_reason']}"
+        note += printable(f"; proxy acceptance figures: {doc['proxy_reason']}")
     return ServingRecommendation(shape=shape, tuned=True, note=note, sweep=str(sweep),
                                  predicted={"acceptance_length": best["acceptance_length"],
                                             "speedup": best["speedup"], "cost_device": cost.get("device")})
