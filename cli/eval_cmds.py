@@ -1,4 +1,4 @@
-"""``osprey eval acceptance`` and ``osprey eval matrix``: offline acceptance length of drafters.
+"""``osprey eval acceptance``, ``osprey eval sweep`` and ``osprey eval matrix``: offline acceptance length.
 
 Each command parses its options into a typed config and calls one ``run``.
 """
@@ -9,31 +9,126 @@ from pathlib import Path
 
 import click
 
-__all__ = ["acceptance", "matrix"]
+__all__ = ["acceptance", "matrix", "sweep"]
+
+
+def _tree_shapes(values: tuple[str, ...]) -> list:
+    """Parse repeated ``--tree S,K,N``, echoing SGLang's adjustments to stderr."""
+    from osprey_train.evaluation.tree_shape import parse_tree_shape
+
+    shapes = []
+    for text in values:
+        shape, note = parse_tree_shape(text)
+        if note:
+            click.echo(f"note: --tree {text}: {note}", err=True)
+        shapes.append(shape)
+    return shapes
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    from osprey_data.errors import ConfigError
+
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected comma-separated integers") from None
+
+
+_TREE_HELP = ("SGLang tree shape STEPS,TOPK,NUM_DRAFT_TOKENS (--speculative-num-steps, --speculative-eagle-topk, "
+              "--speculative-num-draft-tokens); repeat for several.")
+_KV_HELP = ("Tree drafting: which earlier tree nodes a drafted node attends to: sglang = SGLang's draft KV "
+            "layout (as served), ancestors = an exact tree attention.")
 
 
 @click.command("acceptance")
 @click.option("--drafter", required=True, type=click.Path(path_type=Path), help="Drafter folder.")
 @click.option("--store", required=True, help="Eval store (path or fsspec URL).")
-@click.option("--steps", type=int, default=5, show_default=True, help="Draft length S.")
+@click.option("--steps", type=int, default=None, help="Draft length S of chain drafting [default: 5].")
+@click.option("--tree", "trees", multiple=True, help=_TREE_HELP)
+@click.option("--draft-kv", type=click.Choice(["sglang", "ancestors"]), default="sglang", show_default=True,
+              help=_KV_HELP)
 @click.option("--max-samples", type=int, default=0, show_default=True, help="Samples (0 = all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--attention", type=click.Choice(["sdpa", "eager", "flex"]), default="sdpa", show_default=True,
               help="Attention used to draft every position at once (same drafts; speed differs).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def acceptance(drafter: Path, store: str, steps: int, max_samples: int, device: str, attention: str,
-               as_json: bool) -> None:
-    """Offline acceptance length: exact simulation of greedy chain speculative decoding.
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (a list with --tree).")
+def acceptance(drafter: Path, store: str, steps: int | None, trees: tuple[str, ...], draft_kv: str,
+               max_samples: int, device: str, attention: str, as_json: bool) -> None:
+    """Offline acceptance length: exact simulation of greedy chain (or --tree) speculative decoding.
 
     \b
     Example:
       osprey eval acceptance --drafter runs/osprey/final --store stores/eval --steps 4
+      osprey eval acceptance --drafter runs/osprey/final --store stores/eval --tree 5,4,8 --tree 3,1,4
     """
+    import json
+
+    from osprey_data.errors import ConfigError
     from osprey_train.evaluation.acceptance import AcceptanceConfig, run
 
-    report = run(AcceptanceConfig(drafter=drafter, store=store, steps=steps, max_samples=max_samples,
-                                  device=device, attention=attention, progress=not as_json))
-    click.echo(report.to_json() if as_json else report.to_text())
+    if not trees:
+        report = run(AcceptanceConfig(drafter=drafter, store=store, steps=5 if steps is None else steps,
+                                      max_samples=max_samples, device=device, attention=attention,
+                                      progress=not as_json))
+        click.echo(report.to_json() if as_json else report.to_text())
+        return
+    from osprey_train.evaluation import tree_acceptance
+
+    if steps is not None:
+        raise ConfigError("acceptance: --steps is for chain drafting; with --tree give the steps in STEPS,TOPK,N")
+    reports = tree_acceptance.run(tree_acceptance.TreeAcceptanceConfig(
+        drafter=drafter, store=store, trees=_tree_shapes(trees), draft_kv=draft_kv, max_samples=max_samples,
+        device=device, attention=attention, progress=not as_json))
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in reports], indent=2, sort_keys=True))
+    else:
+        click.echo("\n\n".join(r.to_text() for r in reports))
+
+
+@click.command("sweep")
+@click.option("--drafter", required=True, type=click.Path(path_type=Path), help="Drafter folder.")
+@click.option("--store", required=True, help="Eval store (path or fsspec URL).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("osprey-sweep"), show_default=True,
+              help="Folder for sweep.md, sweep.json, sweep.png.")
+@click.option("--cost", default=None,
+              help="Cost model: a cost-model JSON file, the preset example-gpu (assumed, not measured), or "
+                   "draft_step=F[,verify_scale=F][,round_overhead=F]. Without it: acceptance lengths only.")
+@click.option("--tree", "trees", multiple=True, help=_TREE_HELP + " Replaces the grid.")
+@click.option("--grid-steps", default="1,2,3,4,5,6", show_default=True, help="Grid: num-steps values.")
+@click.option("--grid-topk", default="1,2,4,8", show_default=True, help="Grid: eagle-topk values.")
+@click.option("--grid-tokens", default="4,8,16,32,64", show_default=True,
+              help="Grid: num-draft-tokens values for topk > 1 (topk 1 serves steps + 1).")
+@click.option("--draft-kv", type=click.Choice(["sglang", "ancestors"]), default="sglang", show_default=True,
+              help=_KV_HELP)
+@click.option("--max-samples", type=int, default=0, show_default=True, help="Samples (0 = all).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--threads", type=int, default=None,
+              help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print sweep.json to stdout.")
+def sweep(drafter: Path, store: str, out: Path, cost: str | None, trees: tuple[str, ...], grid_steps: str,
+          grid_topk: str, grid_tokens: str, draft_kv: str, max_samples: int, device: str, threads: int | None,
+          as_json: bool) -> None:
+    """Acceptance length of SGLang tree shapes, predicted speedups and the best shape (table + plot).
+
+    \b
+    Example:
+      osprey eval sweep --drafter runs/osprey/final --store stores/eval --cost example-gpu --out reports/sweep
+    """
+    import json
+
+    from osprey_train.evaluation.cost_model import parse_cost
+    from osprey_train.evaluation.sweep import SweepConfig, run
+
+    res = run(SweepConfig(drafter=drafter, store=store, out=out, cost=None if cost is None else parse_cost(cost),
+                          trees=tuple(_tree_shapes(trees)), grid_steps=_ints(grid_steps, "--grid-steps"),
+                          grid_topk=_ints(grid_topk, "--grid-topk"), grid_tokens=_ints(grid_tokens, "--grid-tokens"),
+                          draft_kv=draft_kv, max_samples=max_samples, device=device, threads=threads,
+                          progress=not as_json))
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    click.echo(res.to_markdown())
+    click.echo(f"wrote {res.paths['markdown']}, {res.paths['json']}, {res.paths['png']}")
 
 
 @click.command("matrix")

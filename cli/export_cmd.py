@@ -18,14 +18,22 @@ __all__ = ["export"]
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Weights dtype of the export.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool) -> None:
+@click.option("--sweep", type=click.Path(path_type=Path), default=None,
+              help="sweep.json of `osprey eval sweep --cost ...`: its best shape becomes the recommended "
+                   "--speculative-* flags (serving.json, README.md); default: the untuned chain 5,1,6.")
+def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool, sweep: Path | None) -> None:
     """Export a drafter for serving (SGLang, vLLM) or as an Osprey checkpoint.
 
     \b
     Example:
       osprey export --drafter runs/osprey/final --format sglang --out exports/osprey
+      osprey export --drafter runs/osprey/final --format sglang --out exports/osprey --sweep reports/sweep/sweep.json
     """
     from osprey_train.export import ExportConfig, run
 
-    result = run(ExportConfig(drafter=drafter, format=fmt, out=out, dtype=dtype, overwrite=overwrite))
+    result = run(ExportConfig(drafter=drafter, format=fmt, out=out, dtype=dtype, overwrite=overwrite, sweep=sweep))
     click.echo(f"exported {result.arch} drafter as {result.format} to {result.out}")
+    if result.serving is not None:
+        shape = result.serving.shape
+        click.echo(f"serving flags ({'tuned' if result.serving.tuned else 'not tuned'}): "
+                   f"{' '.join(shape.sglang_flags())}; see {result.out / 'serving.json'}")

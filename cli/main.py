@@ -41,6 +41,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "eval": {
         "acceptance": "osprey_cli.eval_cmds:acceptance",
         "matrix": "osprey_cli.eval_cmds:matrix",
+        "sweep": "osprey_cli.eval_cmds:sweep",
         "live": "osprey_cli.live_cmd:live",
     },
     "": {
@@ -52,7 +53,7 @@ COMMANDS: dict[str, dict[str, str]] = {
 _GROUP_HELP = {
     "data": "Build, validate, inspect and merge feature stores; tokenize pretraining corpora.",
     "train": "Stage 1 prune, Stage 2 pretrain, Stage 3 convert, Stage 4 distill.",
-    "eval": "Offline acceptance length, cross-domain matrices, live speculative decoding.",
+    "eval": "Offline acceptance length (chains, trees, tree-shape sweeps), cross-domain matrices, live decoding.",
 }
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,8 +54,9 @@ from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.models import load_drafter
 
-__all__ = ["AcceptanceConfig", "AcceptanceReport", "acceptance_walk", "evaluate_acceptance", "per_position_rates",
-           "proxy_reason", "run", "GREEDY_CONSISTENCY_MIN"]
+__all__ = ["AcceptanceConfig", "AcceptanceReport", "RoundTally", "acceptance_walk", "evaluate_acceptance",
+           "greedy_consistency_counts", "has_verify_round", "load_drafter_and_store", "per_position_rates",
+           "proxy_reason", "run", "store_verdict", "walk_rounds", "GREEDY_CONSISTENCY_MIN"]
 
 GREEDY_CONSISTENCY_MIN = 0.97
 
@@ -98,6 +99,8 @@ class AcceptanceReport:
     proxy_reason: str | None = None
     store: str | None = None
     per_domain_samples: dict[str, int] = field(default_factory=dict)
+    tree: dict | None = None
+    """Tree drafting: ``{steps, topk, num_draft_tokens, kv}`` (:mod:`tree_acceptance`); None = chain."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +109,10 @@ class AcceptanceReport:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     def to_text(self) -> str:
-        lines = [f"acceptance length (S={self.steps}): {self.overall:.3f} over {self.num_samples} samples, "
+        how = f"S={self.steps}" if self.tree is None else (
+            f"tree steps={self.tree['steps']} topk={self.tree['topk']} "
+            f"num_draft_tokens={self.tree['num_draft_tokens']}, draft KV {self.tree['kv']}")
+        lines = [f"acceptance length ({how}): {self.overall:.3f} over {self.num_samples} samples, "
                  f"{self.num_tokens} tokens, {self.num_verify_steps} verify steps"]
         lines.append(f"  stored top-1 == next stored token at {100 * self.greedy_consistency:.1f}% "
                      "of response positions")
@@ -118,29 +124,46 @@ class AcceptanceReport:
         return "\n".join(printable(line) for line in lines)  # domains come from the store
 
 
-def acceptance_walk(token_ids_T, prompt_length: int, drafts_PS) -> list[tuple[int, int, int]]:
+def walk_rounds(num_tokens: int, prompt_length: int, accepted_at: Callable[[int], int],
+                steps: int) -> list[tuple[int, int, int]]:
     """The verify rounds of one sample: ``(accepted, tokens_yielded, drafts_compared)`` each.
 
-    ``drafts_PS`` is slot-indexed (:func:`draft_all_positions`): row ``q`` holds the drafts made
-    with ``x_0 .. x_{q+1}`` committed. The first response token comes from the prefill; a prompt
-    of 0 tokens is treated as a prompt of 1 (an engine needs one token to prefill).
+    ``accepted_at(q)`` is how many drafts the round drafted from slot ``q`` (``x_0 .. x_{q+1}``
+    committed) gets accepted, never more than the tokens left (``T - 2 - q``). The first response
+    token comes from the prefill; a prompt of 0 tokens is treated as a prompt of 1 (an engine
+    needs one token to prefill).
     """
-    tokens = [int(t) for t in token_ids_T]
-    T = len(tokens)
-    S = len(drafts_PS[0]) if len(drafts_PS) else 0
+    T = int(num_tokens)
     out: list[tuple[int, int, int]] = []
     p = max(int(prompt_length), 1)  # last committed token: the prefill's first response token
     while p < T - 1:
         remaining = T - 1 - p
-        limit = min(S, remaining)
-        a = 0
-        row = drafts_PS[p - 1]
-        while a < limit and int(row[a]) == tokens[p + 1 + a]:
-            a += 1
+        a = int(accepted_at(p - 1))
+        assert 0 <= a <= remaining, (a, remaining)
         step_tokens = min(a + 1, remaining)
-        out.append((a, step_tokens, limit))
+        out.append((a, step_tokens, min(steps, remaining)))
         p += step_tokens
     return out
+
+
+def acceptance_walk(token_ids_T, prompt_length: int, drafts_PS) -> list[tuple[int, int, int]]:
+    """The verify rounds of one sample under chain drafting (:func:`walk_rounds`).
+
+    ``drafts_PS`` is slot-indexed (:func:`draft_all_positions`): row ``q`` holds the drafts made
+    with ``x_0 .. x_{q+1}`` committed.
+    """
+    tokens = [int(t) for t in token_ids_T]
+    T = len(tokens)
+    S = len(drafts_PS[0]) if len(drafts_PS) else 0
+
+    def accepted(q: int) -> int:
+        limit = min(S, T - 2 - q)
+        a = 0
+        while a < limit and int(drafts_PS[q][a]) == tokens[q + 2 + a]:
+            a += 1
+        return a
+
+    return walk_rounds(T, prompt_length, accepted, S)
 
 
 def per_position_rates(rounds: Iterable[tuple[int, int]], steps: int) -> list[float]:
@@ -170,6 +193,60 @@ def proxy_reason(header) -> str | None:
     return None
 
 
+def greedy_consistency_counts(sample) -> tuple[int, int]:
+    """``(positions whose stored top-1 is the next stored token, positions checked)`` of one sample's
+    response (from the prompt's last token on)."""
+    T = int(sample.token_ids.shape[0])
+    start = max(sample.prompt_length - 1, 0)
+    top1 = sample.topk_ids_TK[start:T - 1, 0].long()
+    return int((top1 == sample.token_ids[start + 1:T].long()).sum()), max(T - 1 - start, 0)
+
+
+def store_verdict(header, consistent: int, checked: int) -> tuple[float, str | None]:
+    """The store's greedy consistency and why its figures are proxies (None if they are exact)."""
+    reason = proxy_reason(header)
+    consistency = consistent / checked if checked else 1.0
+    if reason is None and consistency < GREEDY_CONSISTENCY_MIN:
+        reason = (f"the stored responses are not the target's greedy tokens (stored top-1 equals the next "
+                  f"stored token at only {100 * consistency:.1f}% of response positions; a store from an "
+                  "older builder that re-tokenized the responses, or features that do not match the tokens)")
+    return consistency, reason
+
+
+class RoundTally:
+    """Verify rounds pooled token-weighted, overall and per domain, into an :class:`AcceptanceReport`."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = defaultdict(int)
+        self.rounds: dict[str, int] = defaultdict(int)
+        self.samples: dict[str, int] = defaultdict(int)
+        self.judged: list[tuple[int, int]] = []  # (accepted, compared) per round
+
+    def add(self, domain: str, walk: list[tuple[int, int, int]]) -> None:
+        """One sample's rounds (:func:`acceptance_walk` / :func:`walk_rounds` output)."""
+        self.samples[domain] += 1
+        for accepted, emitted, compared in walk:
+            self.tokens[domain] += emitted
+            self.rounds[domain] += 1
+            self.judged.append((accepted, compared))
+
+    def report(self, steps: int, *, consistency: float, reason: str | None, store: str | None,
+               tree: dict | None = None) -> AcceptanceReport:
+        total_tokens, total_rounds = sum(self.tokens.values()), sum(self.rounds.values())
+        return AcceptanceReport(
+            steps=steps, overall=total_tokens / total_rounds if total_rounds else 0.0,
+            per_domain={d: self.tokens[d] / self.rounds[d] for d in sorted(self.rounds) if self.rounds[d]},
+            per_position=per_position_rates(self.judged, steps),
+            num_samples=sum(self.samples.values()), num_verify_steps=total_rounds, num_tokens=total_tokens,
+            greedy_consistency=consistency, proxy=reason is not None, proxy_reason=reason, store=store,
+            per_domain_samples=dict(self.samples), tree=tree)
+
+
+def has_verify_round(sample) -> bool:
+    """Whether the response continues past the prefill's token (otherwise no round is drafted)."""
+    return int(sample.token_ids.shape[0]) - 1 - max(sample.prompt_length, 1) >= 1
+
+
 @torch.no_grad()
 def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | None = None,
                         impl: str = "sdpa", progress: bool = True) -> AcceptanceReport:
@@ -179,50 +256,36 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
     was_training = drafter.training
     drafter.eval()
     n = len(reader) if not max_samples else min(max_samples, len(reader))
-    tokens = defaultdict(int)
-    vsteps = defaultdict(int)
-    samples = defaultdict(int)
+    tally = RoundTally()
     consistent = checked = 0
-    rounds: list[tuple[int, int]] = []
     dtype = next(drafter.parameters()).dtype
     for i in tqdm(range(n), desc="acceptance", unit="sample", disable=not progress):
         s = reader.sample(i, as_torch=True)
-        T = int(s.token_ids.shape[0])
-        if T - 1 - max(s.prompt_length, 1) < 1:
+        if not has_verify_round(s):
             continue  # no verify round: the prefill alone produced the whole response
         drafts = draft_all_positions(drafter, s.token_ids, s.hidden_TLD.to(dtype), steps, impl=impl).cpu()
-        walk = acceptance_walk(s.token_ids.tolist(), s.prompt_length, drafts.tolist())
-        samples[s.domain] += 1
-        start = max(s.prompt_length - 1, 0)
-        top1 = s.topk_ids_TK[start:T - 1, 0].long()
-        consistent += int((top1 == s.token_ids[start + 1:T].long()).sum())
-        checked += T - 1 - start
-        for a, y, limit in walk:
-            tokens[s.domain] += y
-            vsteps[s.domain] += 1
-            rounds.append((a, limit))
+        tally.add(s.domain, acceptance_walk(s.token_ids.tolist(), s.prompt_length, drafts.tolist()))
+        c, k = greedy_consistency_counts(s)
+        consistent, checked = consistent + c, checked + k
     drafter.train(was_training)
-    total_tokens, total_steps = sum(tokens.values()), sum(vsteps.values())
-    reason = proxy_reason(reader.header)
-    consistency = consistent / checked if checked else 1.0
-    if reason is None and consistency < GREEDY_CONSISTENCY_MIN:
-        reason = (f"the stored responses are not the target's greedy tokens (stored top-1 equals the next "
-                  f"stored token at only {100 * consistency:.1f}% of response positions; a store from an "
-                  "older builder that re-tokenized the responses, or features that do not match the tokens)")
-    return AcceptanceReport(
-        steps=steps, overall=total_tokens / total_steps if total_steps else 0.0,
-        per_domain={d: tokens[d] / vsteps[d] for d in sorted(vsteps) if vsteps[d]},
-        per_position=per_position_rates(rounds, steps),
-        num_samples=sum(samples.values()), num_verify_steps=total_steps, num_tokens=total_tokens,
-        greedy_consistency=consistency, proxy=reason is not None, proxy_reason=reason, store=getattr(reader, "url", None),
-        per_domain_samples=dict(samples))
+    consistency, reason = store_verdict(reader.header, consistent, checked)
+    return tally.report(steps, consistency=consistency, reason=reason, store=getattr(reader, "url", None))
+
+
+def load_drafter_and_store(drafter_dir, store: str, *, device: str = "cpu", command: str = "acceptance"):
+    """The drafter and the store reader, checked to belong to the same target.
+
+    The store is opened first: a missing or damaged store fails before the drafter loads.
+    """
+    reader = StoreReader(store)
+    drafter = load_drafter(drafter_dir, device=resolve_device(device))
+    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
+                     where=f"{command}: drafter {drafter_dir} on store {store}")
+    return drafter, reader
 
 
 def run(cfg: AcceptanceConfig) -> AcceptanceReport:
     """Open the store, load the drafter, check they belong together, and simulate."""
-    reader = StoreReader(cfg.store)  # a missing or damaged store fails before the drafter loads
-    drafter = load_drafter(cfg.drafter, device=resolve_device(cfg.device))
-    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
-                     where=f"acceptance: drafter {cfg.drafter} on store {cfg.store}")
+    drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device)
     return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
                                impl=cfg.attention, progress=cfg.progress)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["busy_machine_threads"]
+__all__ = ["busy_machine_threads", "torch_threads"]
 
 
 def busy_machine_threads(note=None) -> int | None:
@@ -22,3 +24,19 @@ def busy_machine_threads(note=None) -> int | None:
                  f"pass --threads N to override")
         return 1
     return None
+
+
+@contextmanager
+def torch_threads(threads: int | None, note=None) -> Iterator[None]:
+    """Run the block with ``threads`` torch CPU threads (None: :func:`busy_machine_threads`'s choice),
+    restoring the caller's setting afterwards: a library call must not change it."""
+    import torch
+
+    chosen = threads if threads is not None else busy_machine_threads(note)
+    before = torch.get_num_threads()
+    if chosen is not None:
+        torch.set_num_threads(chosen)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

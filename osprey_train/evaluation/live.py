@@ -1,10 +1,11 @@
 """``osprey eval live``: real speculative decoding of prompts with a target and a drafter.
 
 For every prompt the target answers twice in the same run: once alone (plain KV-cached decoding,
-the baseline) and once with the drafter (chain speculative decoding, :mod:`spec_decode`, rounds
-as SGLang runs them: the prefill yields the first response token, every further token comes
-out of a verify round). The report (:mod:`live_report`) gives the acceptance length (tokens per
-verify round = accepted drafts + 1, SGLang's ``spec_accept_length``) overall and per domain, the
+the baseline) and once with the drafter (chain speculative decoding, :mod:`spec_decode`, or
+tree drafting with ``tree``, :mod:`tree_decode`; rounds as SGLang runs them: the prefill yields
+the first response token, every further token comes out of a verify round). The report
+(:mod:`live_report`) gives the acceptance length (tokens per verify round
+= accepted drafts + 1, SGLang's ``spec_accept_length``) overall and per domain, the
 per-position acceptance rates, tokens/s of both and their ratio, and — for greedy decoding — how
 many outputs were identical to plain decoding (they must all be: greedy verification is
 lossless). Prompts come from :mod:`live_prompts` (read and rendered as the builder does).
@@ -27,11 +28,15 @@ from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError
 from osprey_data.target import check_compatible, identify_target, load_hf_target, resolve_device
-from osprey_train.evaluation.cpu_threads import busy_machine_threads
+from osprey_train.evaluation.cpu_threads import torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.live_report import LiveReport, summarize
 from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
+from osprey_train.evaluation.tree_decode import check_tree_target, tree_speculative_generate
+from osprey_train.evaluation.tree_draft import KV_MODES
+from osprey_train.evaluation.tree_live_drafter import TreeDrafterSession
+from osprey_train.evaluation.tree_shape import TreeShape
 from osprey_train.models import load_drafter
 
 __all__ = ["LiveConfig", "run"]
@@ -51,6 +56,10 @@ class LiveConfig:
     """GGUF file name inside ``target`` when the target is a folder holding a GGUF."""
     steps: int = 5
     """Draft steps S per verify step (chain drafting)."""
+    tree: TreeShape | None = None
+    """Tree drafting with this SGLang shape instead of a chain (greedy only; ``steps`` is not used)."""
+    draft_kv: str = "sglang"
+    """Tree drafting: which earlier tree nodes a drafted node attends to ('sglang' or 'ancestors')."""
     temperature: float = 0.0
     """0 = greedy (lossless, exact); > 0 = sampling with rejection-sampling verification."""
     max_new_tokens: int = 64
@@ -84,6 +93,11 @@ class LiveConfig:
             raise ConfigError(f"live: --steps must be >= 1, got {self.steps}")
         if self.temperature < 0:
             raise ConfigError(f"live: --temperature must be >= 0, got {self.temperature}")
+        if self.tree is not None and self.temperature > 0:
+            raise ConfigError("live: --tree drafting verifies greedily; use --temperature 0 (sampling needs chain "
+                              "drafting)")
+        if self.draft_kv not in KV_MODES:
+            raise ConfigError(f"live: --draft-kv must be one of {KV_MODES}, got {self.draft_kv!r}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"live: --max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.limit is not None and self.limit < 1:
@@ -102,15 +116,8 @@ class LiveConfig:
 
 def run(config: LiveConfig) -> LiveReport:
     """Decode every prompt with the target alone and with the drafter; return the figures."""
-    threads = config.threads if config.threads is not None else busy_machine_threads(
-        print if config.progress else None)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(config.threads, print if config.progress else None):
         return _run(config)
-    finally:
-        torch.set_num_threads(before)  # a library call must not change the caller's settings
 
 
 def _run(config: LiveConfig) -> LiveReport:
@@ -126,13 +133,21 @@ def _run(config: LiveConfig) -> LiveReport:
     eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     taps = drafter.config.tap_layers.layer_ids
     target = HFTargetSession(model, taps)
-    session = DrafterSession(drafter, target_vocab_size=model.get_output_embeddings().weight.shape[0],
-                             tap_codec=config.tap_codec)
+    vocab = model.get_output_embeddings().weight.shape[0]
     greedy = config.temperature <= 0
     spec_gen = torch.Generator().manual_seed(config.seed)
     plain_gen = torch.Generator().manual_seed(config.seed + 1)
+    steps = config.steps if config.tree is None else config.tree.steps
+    if config.tree is None:
+        session = DrafterSession(drafter, target_vocab_size=vocab, tap_codec=config.tap_codec)
+    else:
+        check_tree_target(target)
+        session = TreeDrafterSession(drafter, kv=config.draft_kv, target_vocab_size=vocab, tap_codec=config.tap_codec)
 
     def spec(p: LivePrompt, n: int):
+        if config.tree is not None:
+            return tree_speculative_generate(target, session, p.prompt_ids, shape=config.tree, max_new_tokens=n,
+                                             eos_ids=eos)
         return speculative_generate(target, session, p.prompt_ids, num_steps=config.steps, max_new_tokens=n,
                                     temperature=config.temperature, eos_ids=eos, generator=spec_gen)
 
@@ -142,9 +157,9 @@ def _run(config: LiveConfig) -> LiveReport:
 
     # warm-up (first-call allocations and kernel selection would otherwise bias the first timing);
     # S + 2 tokens: the prefill's token, then one round of S drafts + the target's token
-    spec(prompts[0], config.steps + 2)
+    spec(prompts[0], steps + 2)
     if config.baseline:
-        plain(prompts[0], config.steps + 2)
+        plain(prompts[0], steps + 2)
     samples: list[dict[str, Any]] = []
     spec_results, plain_results = [], []
     for i, prompt in enumerate(tqdm(prompts, desc="live decoding", unit="prompt", disable=not config.progress)):
@@ -162,8 +177,10 @@ def _run(config: LiveConfig) -> LiveReport:
                         "seconds": res.seconds, "plain_seconds": plain_results[-1].seconds if config.baseline else None,
                         "plain_tokens": len(plain_results[-1].output_ids) if config.baseline else None,
                         "identical": identical, "finish_reason": res.finish_reason})
-    report = summarize(samples, steps=config.steps, temperature=config.temperature, baseline=config.baseline)
+    report = summarize(samples, steps=steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
+    if config.tree is not None:
+        report.tree = {**config.tree.to_dict(), "kv": config.draft_kv}
     if config.out:
         write_json(Path(config.out), report.to_dict())
     return report

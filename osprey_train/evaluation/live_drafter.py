@@ -67,8 +67,8 @@ class DrafterSession:
         self.slots = 0  # slots in the cache with target conditions: slot q = (x_{q+1}, c_q)
 
     @torch.no_grad()
-    def propose(self, ids: Sequence[int], new_taps_TLDt: torch.Tensor, num_steps: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def extend(self, ids: Sequence[int], new_taps_TLDt: torch.Tensor) -> torch.Tensor:
+        """Draft extend: feed the slots committed since the last call; the last slot's hidden (1, 1, D)."""
         last_slot = len(ids) - 2  # slot of the last committed token x_{len(ids)-1}
         taps = new_taps_TLDt
         expected = last_slot + 1 - self.slots
@@ -83,12 +83,17 @@ class DrafterSession:
         position_ids_BT = torch.arange(self.slots, last_slot + 1, device=self.device)[None]
         hidden_BTD = self.drafter.forward_hidden(input_ids_BT, self.drafter.fuse_taps(taps[None]),
                                                  position_ids_BT, self.attention)
-        committed_cache = self.attention.length
         self.slots = last_slot + 1
+        return hidden_BTD[:, -1:]
 
+    @torch.no_grad()
+    def propose(self, ids: Sequence[int], new_taps_TLDt: torch.Tensor, num_steps: int, temperature: float,
+                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+        prev_BTD = self.extend(ids, new_taps_TLDt)
+        last_slot = self.slots - 1
+        committed_cache = self.attention.length
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
-        prev_BTD = hidden_BTD[:, -1:]
         for step in range(num_steps):
             logits_V = self.drafter.logits(prev_BTD)[0, -1].float()
             if temperature <= 0:

@@ -46,6 +46,8 @@ class LiveReport:
     """Per prompt: id, domain, tokens, verify_steps, accept_lengths, identical."""
     target: str = ""
     drafter: str = ""
+    tree: dict | None = None
+    """Tree drafting: ``{steps, topk, num_draft_tokens, kv}``; None = chain drafting of ``steps``."""
 
     @property
     def spec_tokens_per_s(self) -> float:
@@ -69,8 +71,11 @@ class LiveReport:
         return doc
 
     def to_markdown(self) -> str:
+        how = f"S={self.steps}" if self.tree is None else (
+            f"tree steps={self.tree['steps']} topk={self.tree['topk']} "
+            f"num_draft_tokens={self.tree['num_draft_tokens']}")
         lines = [
-            f"Live speculative decoding: {self.num_prompts} prompts, S={self.steps}, "
+            f"Live speculative decoding: {self.num_prompts} prompts, {how}, "
             f"temperature={self.temperature:g}",
             "",
             "| domain | prompts | tokens | from verify rounds | verify rounds | acceptance length |",

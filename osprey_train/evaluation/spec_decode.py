@@ -39,6 +39,8 @@ __all__ = [
     "GenerationResult",
     "speculative_generate",
     "plain_generate",
+    "prefill",
+    "cut_emitted",
 ]
 
 
@@ -81,6 +83,13 @@ class GenerationResult:
     target_forwards: int = 0
     """Number of target forward passes (prefill included)."""
 
+    def add_round(self, new_ids: list[int], *, drafted: int, accepted: int) -> None:
+        """Record one verify round that emitted ``new_ids`` (already cut at EOS and the budget)."""
+        self.output_ids.extend(new_ids)
+        self.accept_lengths.append(len(new_ids))
+        self.drafted.append(drafted)
+        self.accepted.append(min(accepted, len(new_ids)))
+
 
 def _has_sliding_layers(cache: Any) -> bool:
     return any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", []))
@@ -111,13 +120,22 @@ class HFTargetSession:
         self.forwards = 0
 
     @torch.no_grad()
-    def forward(self, ids: Sequence[int], *, want_taps: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ``ids`` after the cached ones; return float32 logits (T, V) and taps (T, L, Dt)."""
+    def forward(self, ids: Sequence[int], *, want_taps: bool, positions: Sequence[int] | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ``ids`` after the cached ones; return float32 logits (T, V) and taps (T, L, Dt).
+
+        ``positions`` (default: consecutive after the cache) and a 4D additive ``attention_mask``
+        over the cache and the new tokens serve tree verification (:mod:`tree_verify`).
+        """
         num = len(ids)
         input_ids_BT = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
+        if positions is None:
+            position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
+        else:
+            position_ids_BT = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids_BT, position_ids=position_ids_BT, use_cache=True,
-                         output_hidden_states=want_taps, **{self._cache_kw: self.cache})
+                         attention_mask=attention_mask, output_hidden_states=want_taps,
+                         **{self._cache_kw: self.cache})
         # DynamicCache is updated in place; self.cache stays the live object
         self.length += num
         self.forwards += 1
@@ -142,7 +160,7 @@ def _choose(logits_V: torch.Tensor, temperature: float, generator: torch.Generat
     return sample_from(probs_from_logits(logits_V, temperature), generator)
 
 
-def _cut(new_ids: list[int], eos_ids: frozenset[int], room: int) -> tuple[list[int], bool]:
+def cut_emitted(new_ids: list[int], eos_ids: frozenset[int], room: int) -> tuple[list[int], bool]:
     """Cut ``new_ids`` after the first EOS and to ``room`` tokens; say whether EOS was hit."""
     for i, token in enumerate(new_ids[:room]):
         if token in eos_ids:
@@ -150,24 +168,36 @@ def _cut(new_ids: list[int], eos_ids: frozenset[int], room: int) -> tuple[list[i
     return new_ids[:room], False
 
 
-def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_ids: Sequence[int], *,
-                         num_steps: int, max_new_tokens: int, temperature: float = 0.0,
-                         eos_ids: Sequence[int] = (), generator: torch.Generator | None = None) -> GenerationResult:
-    """Generate with chain speculative decoding; greedy when ``temperature == 0``."""
+def prefill(target: HFTargetSession, drafter, prompt_ids: Sequence[int], *, eos: frozenset[int],
+            temperature: float = 0.0, generator: torch.Generator | None = None,
+            ) -> tuple[list[int], GenerationResult, torch.Tensor]:
+    """Reset both sessions and prefill the prompt, as SGLang does before any verify round.
+
+    Returns the committed ids (prompt + the first response token), the result so far and the
+    target taps of every prompt position (what the drafter's first extend consumes).
+    """
     if len(prompt_ids) < 1:
         raise ValueError("speculative decoding needs a non-empty prompt")
-    eos = frozenset(int(i) for i in eos_ids)
-    start = time.perf_counter()
     target.reset()
     drafter.reset()
     ids = [int(i) for i in prompt_ids]
-    # the prefill gives the first response token and the taps of every prompt position
-    logits_TV, new_taps_TLDt = target.forward(ids, want_taps=True)
+    logits_TV, taps_TLDt = target.forward(ids, want_taps=True)
     first = _choose(logits_TV[-1], temperature, generator)
     ids.append(first)
     result = GenerationResult(output_ids=[first])
     if first in eos:
         result.finish_reason = "stop"
+    return ids, result, taps_TLDt
+
+
+def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_ids: Sequence[int], *,
+                         num_steps: int, max_new_tokens: int, temperature: float = 0.0,
+                         eos_ids: Sequence[int] = (), generator: torch.Generator | None = None) -> GenerationResult:
+    """Generate with chain speculative decoding; greedy when ``temperature == 0``."""
+    eos = frozenset(int(i) for i in eos_ids)
+    start = time.perf_counter()
+    ids, result, new_taps_TLDt = prefill(target, drafter, prompt_ids, eos=eos, temperature=temperature,
+                                         generator=generator)
     while result.finish_reason != "stop" and len(result.output_ids) < max_new_tokens:
         room = max_new_tokens - len(result.output_ids)
         # drafts past the token budget could never be emitted: don't spend time on them
@@ -182,12 +212,9 @@ def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_
                 draft_probs_SV = logits_SV.new_zeros(0, logits_SV.shape[-1])
             accepted, next_id = verify_sampling(drafts, draft_probs_SV, probs_from_logits(logits_SV, temperature),
                                                 generator)
-        new_ids, stopped = _cut([*drafts[:accepted], next_id], eos, room)
+        new_ids, stopped = cut_emitted([*drafts[:accepted], next_id], eos, room)
         ids.extend(new_ids)
-        result.output_ids.extend(new_ids)
-        result.accept_lengths.append(len(new_ids))
-        result.drafted.append(len(drafts))
-        result.accepted.append(min(accepted, len(new_ids)))
+        result.add_round(new_ids, drafted=len(drafts), accepted=accepted)
         target.crop(len(ids) - 1)
         new_taps_TLDt = verify_taps_TLDt[: len(new_ids)]
         if stopped:

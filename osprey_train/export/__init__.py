@@ -14,6 +14,7 @@ from typing import Callable
 from osprey_data.errors import ConfigError
 from osprey_train.export.common import DTYPES
 from osprey_train.export.hf import read_hf, write_hf
+from osprey_train.export.serving import ServingRecommendation, recommend
 from osprey_train.export.sglang import read_sglang, write_sglang
 from osprey_train.export.vllm import read_vllm, write_vllm
 from osprey_train.models.io import load_drafter
@@ -41,9 +42,13 @@ class ExportConfig:
     """Weights dtype of the export: float32 (lossless), bfloat16 or float16."""
     overwrite: bool = False
     """Replace ``out`` if it exists."""
+    sweep: Path | None = None
+    """``--format sglang``: a ``sweep.json`` whose best shape becomes the recommended serving flags."""
 
     def __post_init__(self) -> None:
         self.drafter, self.out = Path(self.drafter), Path(self.out)
+        if self.sweep is not None and self.format != "sglang":
+            raise ConfigError("export: --sweep recommends SGLang serving flags; it needs --format sglang")
         if self.format not in EXPORTERS:
             raise ConfigError(f"export: --format must be one of {sorted(EXPORTERS)}, got {self.format!r}")
         if self.dtype not in DTYPES:
@@ -62,14 +67,21 @@ class ExportResult:
     """'osprey' or 'eagle3'."""
     format: str
     """The format written."""
+    serving: ServingRecommendation | None = None
+    """``sglang``: the serving flags recommended in ``serving.json``."""
 
 
 def run(config: ExportConfig) -> ExportResult:
-    """Load the drafter and write it in ``config.format``."""
+    """Load the drafter and write it in ``config.format`` (``sglang``: with ``serving.json`` and ``README.md``)."""
+    extra = {}
+    if config.format == "sglang":  # read the sweep before the model: a bad file fails first
+        extra["serving"] = recommend(config.sweep)
     model = load_drafter(config.drafter)
     writer, _ = EXPORTERS[config.format]
-    writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite)
-    return ExportResult(out=config.out, arch=model.config.arch, format=config.format)
+    writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
+           **extra)
+    return ExportResult(out=config.out, arch=model.config.arch, format=config.format,
+                        serving=extra.get("serving"))
 
 
 def load_export(path: str | Path, format: str):

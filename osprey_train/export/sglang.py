@@ -19,6 +19,9 @@ by the external model class in ``osprey_train/export/sglang_model.py`` (set
 (``model.layers.i.*``, ``w_c.weight``, ...); the DrafterConfig travels under ``osprey_drafter``.
 With a reduced draft vocabulary, ``d2t`` / ``t2d`` are written as for EAGLE-3 (offsets; the class
 turns them into SGLang's ``hot_token_id``).
+
+Both come with ``serving.json`` and ``README.md``: the recommended ``--speculative-*`` flags
+(:mod:`osprey_train.export.serving`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from typing import Any
 
 import torch
 
-from osprey_data.atomic import write_json
+from osprey_data.atomic import write_json, write_text
 from osprey_data.errors import CheckpointError
 from osprey_data.target import TapLayers, TargetIdentity
 from osprey_train.export.common import (absolute_d2t, check_eagle3_taps, copy_side_files, dtype_name, load_tensors,
                                         offset_d2t, read_json, save_tensors, t2d_mask, write_folder)
+from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc, serving_readme
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
@@ -69,8 +73,9 @@ def _engine_state(model: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]
 
 
 def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None,
-                 overwrite: bool) -> Path:
-    """Write ``model`` in the layout SGLang loads (see module docstring)."""
+                 overwrite: bool, serving: ServingRecommendation | None = None) -> Path:
+    """Write ``model`` in the layout SGLang loads (see module docstring), with ``serving.json`` and
+    ``README.md`` (:mod:`serving`: ``serving`` or the untuned default)."""
     cfg = model.config
     check_eagle3_taps(cfg, "sglang")
     doc = llama_layer_config(cfg, dtype)
@@ -86,10 +91,15 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
                    osprey_drafter=cfg.to_dict())
     state = _engine_state(model, dtype)
 
+    served = serving_doc(serving or recommend(None), export_dir=out, arch=cfg.arch,
+                         target=None if cfg.target is None else cfg.target.name_or_path)
+
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
         write_json(tmp / "config.json", doc)
         copy_side_files(source_dir, tmp)
+        write_json(tmp / "serving.json", served)
+        write_text(tmp / "README.md", serving_readme(served))
 
     return write_folder(out, fill, overwrite=overwrite)
 

@@ -106,3 +106,46 @@ def make_sharp_llama(out_dir, tokenizer_dir, *, init_range: float = 0.15, seed: 
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def make_live_setup(root, target, *, max_new_tokens: int) -> dict:
+    """Prompt file and store from ``TINY_PROMPTS`` answered by ``target`` (a plain random byte-level
+    model: the store holds its ids verbatim), and an Osprey drafter pruned from it and converted."""
+    import json
+
+    from osprey_train.stages.convert import ConvertConfig
+    from osprey_train.stages.convert import run as convert
+    from osprey_train.stages.prune import PruneConfig
+    from osprey_train.stages.prune import run as prune
+    from tests.helpers.tiny_store import TINY_PROMPTS, make_tiny_store
+
+    root = Path(root)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in TINY_PROMPTS), encoding="utf-8")
+    store = make_tiny_store(root / "store", target, prompts=TINY_PROMPTS, max_new_tokens=max_new_tokens)
+    backbone = prune(PruneConfig(source=str(target), layers=2, out=root / "backbone")).out
+    drafter = convert(ConvertConfig(backbone=backbone, target=str(target), store=str(store),
+                                    out=root / "drafter")).out
+    return {"prompts": prompts, "store": store, "drafter": drafter, "target": target, "root": root}
+
+
+def make_layout_setup(root, tokenizer_dir):
+    """A greedy store of a sharp tiny Llama and three drafters for it: ``(reader, {name: drafter})``.
+
+    ``osprey-distilled`` is briefly distilled (drafts both accepted and rejected); ``osprey-random``
+    and ``eagle3-random`` are random, so their drafts vary with every input (a short distillation
+    collapses them onto a few frequent tokens, which could hide a misplaced token or condition).
+    """
+    import torch
+
+    from osprey_data.store import StoreReader
+    from osprey_train.models import load_drafter
+
+    root = Path(root)
+    target = make_sharp_llama(root / "target", tokenizer_dir, init_range=0.6)
+    reader = StoreReader(str(make_store(root / "store", target, num_samples=4, max_new_tokens=14)))
+    distilled = quick_distill(load_drafter(make_drafter_dir(root / "osprey", seed=3)), reader, steps=10, lr=1e-2)
+    osprey = load_drafter(make_drafter_dir(root / "osprey-random", seed=5))
+    eagle3 = load_drafter(make_drafter_dir(root / "eagle3", preset="tiny-eagle3", seed=2,
+                                           draft_vocab=torch.arange(128) * 3))
+    return reader, {"osprey-distilled": distilled, "osprey-random": osprey, "eagle3-random": eagle3}

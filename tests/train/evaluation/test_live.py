@@ -13,7 +13,8 @@ from osprey_train.evaluation.cpu_threads import busy_machine_threads
 from osprey_train.evaluation.live import LiveConfig, run
 from osprey_train.evaluation.live_prompts import load_prompts
 from osprey_train.evaluation.live_report import summarize
-from tests.helpers.tiny_store import TINY_PROMPTS, make_tiny_store
+from tests.helpers.tiny_store import TINY_PROMPTS
+from tests.train.evaluation.store_util import make_live_setup
 
 MAX_NEW = 16
 STEPS = 3
@@ -22,20 +23,7 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def live_setup(tmp_path_factory, tiny_llama_dir):
     """A store from TINY_PROMPTS, and an Osprey drafter pruned from the target and converted."""
-    from osprey_train.stages.convert import ConvertConfig
-    from osprey_train.stages.convert import run as convert
-    from osprey_train.stages.prune import PruneConfig
-    from osprey_train.stages.prune import run as prune
-
-    root = tmp_path_factory.mktemp("live")
-    target = tiny_llama_dir  # plain random byte-level model: the store holds its ids verbatim
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in TINY_PROMPTS), encoding="utf-8")
-    store = make_tiny_store(root / "store", target, prompts=TINY_PROMPTS, max_new_tokens=MAX_NEW)
-    backbone = prune(PruneConfig(source=str(target), layers=2, out=root / "backbone")).out
-    drafter = convert(ConvertConfig(backbone=backbone, target=str(target), store=str(store),
-                                    out=root / "drafter")).out
-    return {"prompts": prompts, "store": store, "drafter": drafter, "target": target, "root": root}
+    return make_live_setup(tmp_path_factory.mktemp("live"), tiny_llama_dir, max_new_tokens=MAX_NEW)
 
 
 def _config(setup, **kw):

@@ -29,11 +29,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osprey_data.store import StoreReader
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.chain_draft import draft_all_positions
-from osprey_train.models import CausalAttention, load_drafter
-from tests.train.evaluation.store_util import make_drafter_dir, make_sharp_llama, make_store, quick_distill
+from osprey_train.models import CausalAttention
+from tests.train.evaluation.store_util import make_layout_setup
 
 STEPS = 3
 
@@ -101,17 +100,7 @@ def sglang_serve(drafter, token_ids, taps_TLDt, prompt_length, steps):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_tokenizer_dir):
-    root = tmp_path_factory.mktemp("sglang_layout")
-    target = make_sharp_llama(root / "target", tiny_tokenizer_dir, init_range=0.6)
-    reader = StoreReader(str(make_store(root / "store", target, num_samples=4, max_new_tokens=14)))
-    # briefly distilled: drafts both accepted and rejected
-    distilled = quick_distill(load_drafter(make_drafter_dir(root / "osprey", seed=3)), reader, steps=10, lr=1e-2)
-    # random: drafts that vary with every input (a short distillation collapses them onto a few
-    # frequent tokens, which could hide a misplaced token or condition)
-    osprey = load_drafter(make_drafter_dir(root / "osprey-random", seed=5))
-    eagle3 = load_drafter(make_drafter_dir(root / "eagle3", preset="tiny-eagle3", seed=2,
-                                           draft_vocab=torch.arange(128) * 3))
-    return reader, {"osprey-distilled": distilled, "osprey-random": osprey, "eagle3-random": eagle3}
+    return make_layout_setup(tmp_path_factory.mktemp("sglang_layout"), tiny_tokenizer_dir)
 
 
 @pytest.mark.parametrize("arch", ["osprey-distilled", "osprey-random", "eagle3-random"])

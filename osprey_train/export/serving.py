@@ -1,0 +1,113 @@
+"""Recommended SGLang serving flags for an export: ``serving.json`` and a ``README.md`` next to the weights.
+
+The recommendation is SGLang's ``--speculative-*`` flags (algorithm EAGLE3, num-steps,
+eagle-topk, num-draft-tokens, the draft model path). It comes from the best shape of a sweep
+(``osprey eval sweep --cost ...``, :mod:`osprey_train.evaluation.sweep`) when the user passes
+``--sweep FILE``; otherwise it is the chain the Osprey paper evaluates (steps 5, topk 1,
+num_draft_tokens 6), with a note saying it was not tuned.
+
+``serving.json`` (schema ``schemas/serving.v1.json``)::
+
+    {"format": "osprey-serving", "version": 1, "engine": "sglang", "arch": "osprey",
+     "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/abs/export",
+     "speculative_num_steps": 5, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 6,
+     "tuned": false, "sweep": null, "predicted": null, "note": "...",
+     "env": {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"}, "target": "/models/target",
+     "launch": "python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE3 ..."}
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from osprey_data.errors import ConfigError
+from osprey_data.schema_check import validate
+from osprey_data.text import printable
+from osprey_train.evaluation.sweep import load_sweep
+from osprey_train.evaluation.tree_shape import TreeShape
+
+__all__ = ["DEFAULT_SHAPE", "ServingRecommendation", "recommend", "serving_doc", "serving_readme", "SERVING_FORMAT"]
+
+SERVING_FORMAT = "osprey-serving"
+SCHEMA = "serving.v1.json"
+DEFAULT_SHAPE = TreeShape.chain(5)
+"""The Osprey paper's setting: a chain of 5 drafts (steps 5, topk 1, num_draft_tokens 6)."""
+
+
+@dataclass(frozen=True)
+class ServingRecommendation:
+    """Which tree shape to serve and why."""
+
+    shape: TreeShape
+    tuned: bool
+    """True when it is a sweep's best predicted shape."""
+    note: str
+    sweep: str | None = None
+    """The sweep file it came from."""
+    predicted: dict[str, Any] | None = None
+    """The sweep's figures for it: acceptance_length, speedup, cost device."""
+
+
+def recommend(sweep: str | Path | None) -> ServingRecommendation:
+    """The best shape of ``sweep`` (a ``sweep.json``), or the untuned chain default without one."""
+    if sweep is None:
+        return ServingRecommendation(
+            shape=DEFAULT_SHAPE, tuned=False,
+            note=("not tuned: the chain of the Osprey paper (steps 5, topk 1, num_draft_tokens 6). To tune it, run "
+                  "`osprey eval sweep --drafter DRAFTER --store EVAL_STORE --cost COSTS` and export again with "
+                  "--sweep osprey-sweep/sweep.json."))
+    doc = load_sweep(sweep)
+    best = doc["best"]
+    if best is None:
+        raise ConfigError(f"export --sweep {sweep}: the sweep has no best shape (it ran without a cost model); "
+                          "run `osprey eval sweep ... --cost FILE|example-gpu|draft_step=...` first")
+    shape = TreeShape(steps=best["steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+    cost = doc["cost_model"] or {}
+    note = printable(f"tuned offline by `osprey eval sweep` ({doc['num_samples']} samples of {doc['store']}, draft KV "
+                     f"layout {doc['draft_kv']}): best predicted speedup x{best['speedup']:.3f} with costs of "
+                     f"{cost.get('device', '?')}")  # the sweep file's strings go into a README
+    if cost.get("assumed"):
+        note += " (assumed costs, not measured: check the speedup on your GPU)"
+    if doc["proxy"]:
+        note += printable(f"; proxy acceptance figures: {doc['proxy_reason']}")
+    return ServingRecommendation(shape=shape, tuned=True, note=note, sweep=str(sweep),
+                                 predicted={"acceptance_length": best["acceptance_length"],
+                                            "speedup": best["speedup"], "cost_device": cost.get("device")})
+
+
+def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, target: str | None) -> dict[str, Any]:
+    """The ``serving.json`` document of an SGLang export at ``export_dir``."""
+    draft_path = str(Path(export_dir).resolve())
+    env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"} if arch == "osprey" else {}
+    args = ["python", "-m", "sglang.launch_server", "--model-path", target or "TARGET",
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_path,
+            *rec.shape.sglang_flags()]
+    launch = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.quote(a) for a in args])
+    doc = {"format": SERVING_FORMAT, "version": 1, "engine": "sglang", "arch": arch,
+           "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": draft_path,
+           "speculative_num_steps": rec.shape.steps, "speculative_eagle_topk": rec.shape.topk,
+           "speculative_num_draft_tokens": rec.shape.num_draft_tokens, "tuned": rec.tuned, "sweep": rec.sweep,
+           "predicted": rec.predicted, "note": rec.note, "env": env, "target": target, "launch": launch}
+    validate(doc, SCHEMA, where=str(Path(export_dir) / "serving.json"))
+    return doc
+
+
+def serving_readme(doc: dict[str, Any]) -> str:
+    """The README snippet written next to the weights."""
+    install = "pip install osprey[sglang]  # the external model class OspreyDrafterForCausalLM\n" \
+        if doc["arch"] == "osprey" else ""
+    lines = [
+        "# Serving this drafter with SGLang", "",
+        f"Architecture: {'Osprey drafter (external class)' if doc['arch'] == 'osprey' else 'EAGLE-3 (stock class)'}; "
+        f"target: `{doc['target'] or 'TARGET'}`.", "",
+        "```bash", f"{install}{doc['launch']}", "```", "",
+        f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
+        f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"
+        f" ({'tuned' if doc['tuned'] else 'not tuned'}).", "",
+        f"{doc['note']}", "",
+        "The same flags are in `serving.json`. Move this folder and `--speculative-draft-model-path` moves with it.",
+    ]
+    return "\n".join(lines) + "\n"
