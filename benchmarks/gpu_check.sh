@@ -25,7 +25,8 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 rc=0
 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
   tests/train/ttt/test_attention.py tests/train/trainer/test_loop.py tests/train/export/test_export.py \
-  tests/data/builder/test_backend_hf_cuda.py tests/train/demo/test_demo_cuda.py 2>&1 | tee "$out/gpu-tests.log" || rc=1
+  tests/data/builder/test_backend_hf_cuda.py tests/train/demo/test_demo_cuda.py \
+  tests/train/evaluation/test_tree_live.py 2>&1 | tee "$out/gpu-tests.log" || rc=1
 timeout ${GPU_BENCH_TIMEOUT:-240} python3 benchmarks/distill_gpu_bench.py --seqs ${GPU_BENCH_SEQS:-4096,8192} \
   --impls ${GPU_BENCH_IMPLS:-sdpa,flex} --repeats 3 --out "$out/distill_gpu.md" 2>&1 | tee "$out/distill-gpu.log" || rc=1
 exit $rc

@@ -204,7 +204,9 @@ def _flex(q, ks, vs, doc_ids_BT, scale, block_size, state=None):
     block_mask = None if state is None else state.get(key)
     if block_mask is None:
         block_mask = create_block_mask(mask_mod, B, None, T, kv_len, device=q.device,
-                                       BLOCK_SIZE=min(128, max(16, block_size)),
+                                       # the compiled CUDA kernel tiles by 128: other block
+                                       # sizes fail its lowering
+                                       BLOCK_SIZE=128 if q.device.type == "cuda" else min(128, max(16, block_size)),
                                        _compile=q.device.type == "cuda")
         if state is not None:
             state[key] = block_mask
