@@ -47,16 +47,19 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
               help="Draft vocabulary: the N target tokens most frequent at --store's loss-masked positions "
                    "(LM head cut to them, d2t map stored). Default: osprey the full target vocabulary, "
                    "eagle3 32000.")
+@click.option("--eagle3-layers", type=int, default=1, show_default=True,
+              help="--arch eagle3: decoder layers (2 = the parameter-matched control; engines serve 1).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random parts.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 def convert(backbone: Path | None, target: str | None, store: str | None, out: Path, arch: str,
-            taps: str | None, draft_vocab_size: int | None, seed: int, overwrite: bool) -> None:
+            taps: str | None, draft_vocab_size: int | None, eagle3_layers: int, seed: int, overwrite: bool) -> None:
     """Stage 3: align vocabulary, add zero-init conditioned QKV columns and W_c (or init EAGLE-3).
 
     \b
     Example:
       osprey train convert --backbone runs/backbone/final --store stores/train --out runs/osprey-init
       osprey train convert --arch eagle3 --target MODEL --store stores/train --out runs/eagle3-init
+      osprey train convert --arch eagle3 --eagle3-layers 2 --target MODEL --store stores/train --out runs/e3-2l
     """
     from osprey_train.stages.convert import ConvertConfig, run
 
@@ -67,6 +70,7 @@ def convert(backbone: Path | None, target: str | None, store: str | None, out: P
         except ValueError:
             raise ConfigError(f"--taps must be comma-separated integers, got {taps!r}") from None
     result = run(ConvertConfig(backbone=backbone, target=target, store=store, out=out, arch=arch, taps=tap_ids,
-                               draft_vocab_size=draft_vocab_size, seed=seed, overwrite=overwrite))
+                               draft_vocab_size=draft_vocab_size, eagle3_layers=eagle3_layers, seed=seed,
+                               overwrite=overwrite))
     summary = ", ".join(f"{k}={v}" for k, v in result.stats.items() if isinstance(v, (int, float)))
     click.echo(f"wrote {arch} drafter to {result.out} ({summary})")

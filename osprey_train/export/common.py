@@ -18,7 +18,7 @@ from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError, ConfigError
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
-           "t2d_mask", "check_eagle3_taps", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
+           "t2d_mask", "check_eagle3_servable", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
 
 EAGLE3_NUM_TAPS = 3
 """SGLang's LlamaForCausalLMEagle3 sizes fc as 3 x target hidden; vLLM's EAGLE-3 expects 3 aux states."""
@@ -52,8 +52,12 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return mask
 
 
-def check_eagle3_taps(config: Any, fmt: str) -> None:
-    """Refuse to export an EAGLE-3 drafter whose tap count the engines cannot serve."""
+def check_eagle3_servable(config: Any, fmt: str) -> None:
+    """Refuse to export an EAGLE-3 drafter whose tap count or depth the engines cannot serve."""
+    if config.arch == "eagle3" and config.num_layers != 1:
+        raise ConfigError(f"export --format {fmt}: this EAGLE-3 drafter has {config.num_layers} layers; the "
+                          "engines' EAGLE-3 models run exactly one (the multi-layer drafter is a study control); "
+                          "export it with --format hf")
     if config.arch == "eagle3" and config.num_taps != EAGLE3_NUM_TAPS:
         raise ConfigError(f"export --format {fmt}: the EAGLE-3 drafter taps {config.num_taps} target layers "
                           f"({list(config.tap_layers.layer_ids)}); the engines' EAGLE-3 models read exactly "

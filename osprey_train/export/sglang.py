@@ -34,7 +34,7 @@ import torch
 from osprey_data.atomic import write_json, write_text
 from osprey_data.errors import CheckpointError
 from osprey_data.target import TapLayers, TargetIdentity
-from osprey_train.export.common import (absolute_d2t, check_eagle3_taps, copy_side_files, dtype_name, load_tensors,
+from osprey_train.export.common import (absolute_d2t, check_eagle3_servable, copy_side_files, dtype_name, load_tensors,
                                         offset_d2t, read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc, serving_readme
 from osprey_train.models.base import Drafter
@@ -77,7 +77,7 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     """Write ``model`` in the layout SGLang loads (see module docstring), with ``serving.json`` and
     ``README.md`` (:mod:`serving`: ``serving`` or the untuned default)."""
     cfg = model.config
-    check_eagle3_taps(cfg, "sglang")
+    check_eagle3_servable(cfg, "sglang")
     doc = llama_layer_config(cfg, dtype)
     doc["target_hidden_size"] = cfg.target_hidden_size
     doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_sglang(),

@@ -28,7 +28,7 @@ import torch
 from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target import TapLayers
-from osprey_train.export.common import (absolute_d2t, check_eagle3_taps, copy_side_files, load_tensors, offset_d2t,
+from osprey_train.export.common import (absolute_d2t, check_eagle3_servable, copy_side_files, load_tensors, offset_d2t,
                                         read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config
 from osprey_train.models.base import Drafter
@@ -51,7 +51,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         raise ConfigError("export: vLLM has no model class for the Osprey drafter (N layers conditioned on the "
                           "target in every layer); use --format sglang (with the shipped external model class) "
                           "or --format hf")
-    check_eagle3_taps(cfg, "vllm")
+    check_eagle3_servable(cfg, "vllm")
     if cfg.target_hidden_size != cfg.hidden_size:
         raise ConfigError(f"export --format vllm: the drafter's hidden size {cfg.hidden_size} differs from the "
                           f"target's {cfg.target_hidden_size}; vLLM's EAGLE-3 loader sizes fc as 3 x the drafter "

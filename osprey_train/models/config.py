@@ -4,7 +4,7 @@ The config is what ``config.json`` of a drafter checkpoint holds (see
 ``schemas/drafter-config.v1.json``). It describes the drafter body in the source family's terms
 (Llama / Qwen2 / Qwen3 decoder layers), the target it serves (vocabulary, hidden size, tap
 layers, identity) and the architecture (``osprey``: N conditioned layers; ``eagle3``: one layer
-reading [embedding; fused taps]).
+reading [embedding; fused taps], followed by N - 1 plain layers for the multi-layer control).
 
 The target side is typed: ``tap_layers`` is a :class:`~osprey_data.target.TapLayers` (whose
 methods give each engine's tap numbering) and ``target`` a
@@ -34,11 +34,11 @@ class DrafterConfig:
     """Shape, family, target and tap layers of one drafter."""
 
     arch: str = "osprey"
-    """'osprey' (N source-family layers, cond fed to every layer) or 'eagle3' (one layer)."""
+    """'osprey' (N source-family layers, cond fed to every layer) or 'eagle3' (a layer reading [embedding; cond])."""
     family: str = "llama"
     """Decoder family the layers re-implement: 'llama', 'qwen2' (qkv bias) or 'qwen3' (q/k norm)."""
     num_layers: int = 2
-    """Number of decoder layers (eagle3: exactly 1)."""
+    """Number of decoder layers (eagle3: 1, or more for the parameter-matched control)."""
     hidden_size: int = 64
     """Drafter hidden size D."""
     intermediate_size: int = 128
@@ -97,8 +97,6 @@ class DrafterConfig:
                 f"vocab_size={self.vocab_size}"
             )
         if self.arch == "eagle3":
-            if self.num_layers != 1:
-                raise ConfigError(f"drafter config: eagle3 has exactly one layer, got num_layers={self.num_layers}")
             if self.family != "llama" or self.qk_norm:
                 raise ConfigError("drafter config: eagle3 uses a Llama-style layer (family 'llama', no qk_norm)")
         if self.family == "qwen3" and not self.qk_norm:

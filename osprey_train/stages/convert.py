@@ -68,6 +68,8 @@ class ConvertConfig:
     eagle3 takes 32000 tokens."""
     seed: int = 0
     """Seed of the random parts (W_c; eagle3 body)."""
+    eagle3_layers: int = 1
+    """eagle3: decoder layers (1 = the EAGLE-3 baseline; 2 = the paper's parameter-matched control)."""
     overwrite: bool = False
     """Replace ``out`` if it exists."""
 
@@ -84,6 +86,9 @@ class ConvertConfig:
         else:
             if self.target is None or self.store is None:
                 raise ConfigError("convert --arch eagle3 needs both --target MODEL and --store STORE")
+        if self.arch != "eagle3" and self.eagle3_layers != 1:
+            raise ConfigError("convert: --eagle3-layers applies to --arch eagle3 only (an Osprey drafter has the "
+                              "backbone's layers)")
         if self.taps is not None:
             self.taps = tuple(int(t) for t in self.taps)
             if self.store is not None:
@@ -184,6 +189,6 @@ def run(config: ConvertConfig) -> ConvertResult:
         size = EAGLE3_DRAFT_VOCAB if config.draft_vocab_size is None else config.draft_vocab_size
         result = run_eagle3(Eagle3InitConfig(target=config.target, store=config.store, out=config.out,
                                              draft_vocab_size=size, seed=config.seed,
-                                             overwrite=config.overwrite))
+                                             num_layers=config.eagle3_layers, overwrite=config.overwrite))
         return ConvertResult(out=result.out, stats=result.stats)
     return _run_osprey(config)

@@ -1,6 +1,7 @@
 """EAGLE-3 baseline initialisation (``osprey train convert --arch eagle3 --target M --store S``).
 
-- body: one random Llama-style layer shaped like the target (hidden size, heads, MLP size, rotary);
+- body: one random Llama-style layer shaped like the target (hidden size, heads, MLP size, rotary),
+  plus ``num_layers - 1`` plain ones for the multi-layer control (the paper's Table 6);
 - embedding: copied from the target and frozen;
 - draft vocabulary: the ``draft_vocab_size`` target tokens that occur most often at loss-masked
   positions of the store (ties broken by lower id; if the store has fewer distinct tokens, the
@@ -49,11 +50,15 @@ class Eagle3InitConfig:
     """Draft vocabulary size (clipped to the target vocabulary with an error if larger)."""
     seed: int = 0
     """Seed of the random body."""
+    num_layers: int = 1
+    """Decoder layers: 1 is EAGLE-3; more adds plain layers (the parameter-matched control)."""
     overwrite: bool = False
     """Replace ``out`` if it exists."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        if not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise ConfigError(f"eagle3 init: --eagle3-layers must be a positive integer, got {self.num_layers!r}")
         if self.draft_vocab_size < 1:
             raise ConfigError(f"eagle3 init: --draft-vocab must be positive, got {self.draft_vocab_size}")
 
@@ -113,7 +118,7 @@ def draft_vocab_from_store(store: str, vocab_size: int, size: int) -> tuple[np.n
 
 @torch.no_grad()
 def init_eagle3(target_model: Any, identity: TargetIdentity, taps: TapLayers, draft_ids: np.ndarray, *,
-                seed: int = 0) -> Eagle3Drafter:
+                seed: int = 0, num_layers: int = 1) -> Eagle3Drafter:
     """A randomly initialised Eagle3Drafter shaped like ``target_model`` with its embedding."""
     cfg = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") \
         else target_model.config
@@ -121,7 +126,7 @@ def init_eagle3(target_model: Any, identity: TargetIdentity, taps: TapLayers, dr
     heads = cfg.num_attention_heads
     embed = target_model.get_input_embeddings().weight
     config = DrafterConfig(
-        arch="eagle3", family="llama", num_layers=1, hidden_size=cfg.hidden_size,
+        arch="eagle3", family="llama", num_layers=num_layers, hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, num_attention_heads=heads,
         num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
@@ -150,7 +155,8 @@ def run(config: Eagle3InitConfig) -> Eagle3InitResult:
         raise ConfigError(f"convert: output folder {config.out} exists; pass --overwrite or choose another --out")
     side = resolve_target_side(target=config.target, store=config.store, taps=None, need_model=True)
     draft_ids, stats = draft_vocab_from_store(config.store, side.identity.vocab_size, config.draft_vocab_size)
-    model = init_eagle3(side.model, side.identity, side.taps, draft_ids, seed=config.seed)
+    model = init_eagle3(side.model, side.identity, side.taps, draft_ids, seed=config.seed,
+                        num_layers=config.num_layers)
     stats["tap_layers"] = side.taps.to_dict()
     write_drafter_folder(model, config.out, tokenizer=side.tokenizer, extra={VOCAB_FILE: stats},
                          overwrite=config.overwrite)

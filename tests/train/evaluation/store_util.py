@@ -37,7 +37,8 @@ def make_store(out_dir, model_dir, *, num_samples=8, max_new_tokens=16, topk=8,
                                 layers=tuple(taps)))
 
 
-def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_vocab=None, store=None) -> Path:
+def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_vocab=None, store=None,
+                     num_layers: int | None = None) -> Path:
     """A randomly initialized drafter folder for the tiny target (d=64; taps of ``store`` if given)."""
     import torch
 
@@ -52,6 +53,8 @@ def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_voca
         over["tap_layers"] = StoreReader(str(store)).header.taps
     if draft_vocab is not None:  # an Osprey preset then gets a reduced draft vocabulary
         over["draft_vocab_size"] = len(draft_vocab)
+    if num_layers is not None:
+        over["num_layers"] = num_layers
     model = build_drafter(DrafterConfig.from_name(preset, **over))
     model.reset_parameters()
     with torch.no_grad():  # non-zero extra QKV columns: the condition matters from step 0

@@ -83,14 +83,15 @@ def test_offline_equals_direct_decode(tiny_setup, steps):
     assert report.greedy_consistency > 0.99
 
 
-@pytest.mark.parametrize("arch", ["osprey", "osprey-dv", "eagle3"])
+@pytest.mark.parametrize("arch", ["osprey", "osprey-dv", "eagle3", "eagle3-2l"])
 def test_all_positions_drafts_equal_the_incremental_drafter(tiny_setup, tmp_path, arch):
     """draft_all_positions (TTT attention, every round at once) == DrafterSession (KV cache +
     rollback, what live decoding runs), committing one token at a time."""
     reader, drafter = tiny_setup
-    if arch == "eagle3":
+    if arch.startswith("eagle3"):
         drafter = load_drafter(make_drafter_dir(tmp_path / "e3", preset="tiny-eagle3", seed=4,
-                                                draft_vocab=torch.arange(128) * 3))
+                                                draft_vocab=torch.arange(128) * 3,
+                                                num_layers=2 if arch == "eagle3-2l" else 1))
     elif arch == "osprey-dv":  # reduced draft vocabulary: drafts are mapped target ids
         drafter = load_drafter(make_drafter_dir(tmp_path / "dv", preset="tiny", seed=4,
                                                 draft_vocab=torch.arange(128) * 3))

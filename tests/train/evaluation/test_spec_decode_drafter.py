@@ -28,8 +28,8 @@ def _random_drafter(arch: str, seed: int = 0):
     elif arch == "osprey-dv":  # reduced draft vocabulary (convert --draft-vocab)
         model = OspreyDrafter(DrafterConfig.from_name("tiny", draft_vocab_size=128))
         model.set_draft_vocab(torch.arange(1, 384, 3)[:128])
-    else:
-        model = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3"))
+    else:  # "eagle3", or "eagle3-2l": the multi-layer control (midlayer + a plain layer)
+        model = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", num_layers=2 if arch == "eagle3-2l" else 1))
         model.set_draft_vocab(torch.arange(0, 384, 3)[:128])
     with torch.no_grad():  # non-zero everywhere, so the taps really matter (convert zero-inits some)
         for p in model.parameters():
@@ -70,7 +70,7 @@ def _naive_drafts(drafter, taps_TLDt, ids, steps):
     return drafts
 
 
-@pytest.mark.parametrize("arch", ["osprey", "osprey-dv", "eagle3"])
+@pytest.mark.parametrize("arch", ["osprey", "osprey-dv", "eagle3", "eagle3-2l"])
 def test_cached_drafting_equals_naive_recompute_and_is_lossless(tiny_llama, arch):
     drafter = _random_drafter(arch)
     session = RecordingSession(drafter, target_vocab_size=tiny_llama.config.vocab_size)

@@ -200,6 +200,12 @@ def test_engine_exports_refuse_what_the_engines_cannot_serve(tmp_path):
             run(ExportConfig(drafter=tmp_path / "two", format=fmt, out=tmp_path / fmt))
         assert not (tmp_path / fmt).exists()
     run(ExportConfig(drafter=tmp_path / "two", format="hf", out=tmp_path / "hf"))  # our own format: fine
+    deep = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, num_layers=2))
+    save_drafter(deep, tmp_path / "deep")
+    for fmt in ("sglang", "vllm"):
+        with pytest.raises(ConfigError, match="has 2 layers; the engines' EAGLE-3 models run exactly one"):
+            run(ExportConfig(drafter=tmp_path / "deep", format=fmt, out=tmp_path / f"deep-{fmt}"))
+    run(ExportConfig(drafter=tmp_path / "deep", format="hf", out=tmp_path / "deep-hf"))
     narrow = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, target_hidden_size=48))
     save_drafter(narrow, tmp_path / "narrow")
     res = CliRunner().invoke(cli, ["export", "--drafter", str(tmp_path / "narrow"), "--format", "vllm",

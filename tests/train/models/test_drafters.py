@@ -139,6 +139,49 @@ def test_eagle3_layer_wiring_matches_a_naive_reference():
     assert not model.embed_tokens.weight.requires_grad
 
 
+def test_two_layer_eagle3_is_the_midlayer_then_a_plain_llama_layer():
+    """The parameter-matched control: midlayer output -> one uncondition Llama decoder layer."""
+    torch.manual_seed(0)
+    cfg = DrafterConfig.from_name("tiny-eagle3", num_layers=2)
+    model = Eagle3Drafter(cfg).eval()
+    one = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3")).eval()
+    assert set(model.state_dict()) - set(one.state_dict()) == {
+        f"layers.0.{n}" for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                  "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                  "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                  "mlp.down_proj.weight")}
+    one.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("layers.")})
+    ids = torch.randint(0, cfg.vocab_size, (1, 6))
+    cond = torch.randn(1, 6, cfg.hidden_size)
+    pos = torch.arange(6)[None]
+    with torch.no_grad():
+        got = model.forward_hidden(ids, cond, pos, CausalAttention())
+        h = one.forward_hidden(ids, cond, pos, CausalAttention())
+        layer = model.layers[0]
+
+        def rms(x, w):
+            return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+
+        a = layer.self_attn
+        x = rms(h, layer.input_layernorm.weight)
+        q = (x @ a.q_proj.weight.T).view(1, 6, 4, 16).transpose(1, 2)
+        k = (x @ a.k_proj.weight.T).view(1, 6, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
+        v = (x @ a.v_proj.weight.T).view(1, 6, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, 16, 2).float() / 16))
+        ang = torch.cat([pos[0, :, None] * inv] * 2, -1)
+
+        def rot(t):
+            return t * ang.cos() + torch.cat([-t[..., 8:], t[..., :8]], -1) * ang.sin()
+
+        s = rot(q) @ rot(k).transpose(-1, -2) / 4.0
+        s = s.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+        h = h + (s.softmax(-1) @ v).transpose(1, 2).reshape(1, 6, 64) @ a.o_proj.weight.T
+        hn = rms(h, layer.post_attention_layernorm.weight)
+        mlp = layer.mlp
+        h = h + (torch.nn.functional.silu(hn @ mlp.gate_proj.weight.T) * (hn @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(got, h, rtol=1e-5, atol=1e-5)
+
+
 def test_fuse_taps_shape_error_names_expected_shape():
     model = OspreyDrafter(DrafterConfig.from_name("tiny"))
     with pytest.raises(ModelError, match="num_taps"):
@@ -154,8 +197,8 @@ def test_config_round_trip_and_validation():
         DrafterConfig.from_dict({**config.to_dict(), "hiden_size": 3})
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         DrafterConfig.from_name("tiny", num_key_value_heads=3)
-    with pytest.raises(ConfigError, match="eagle3"):
-        DrafterConfig.from_name("tiny-eagle3", num_layers=2)
+    with pytest.raises(ConfigError, match="eagle3 uses a Llama-style layer"):
+        DrafterConfig.from_name("tiny-eagle3", family="qwen3", qk_norm=True)
     with pytest.raises(ConfigError, match="draft_vocab_size=400 exceeds"):
         DrafterConfig.from_name("tiny", draft_vocab_size=400)
     with pytest.raises(ConfigError, match="no drafter preset"):

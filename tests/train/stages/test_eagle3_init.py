@@ -65,6 +65,13 @@ def test_eagle3_init_end_to_end(store, tiny_llama_dir, tmp_path):
         run(ConvertConfig(arch="eagle3", target=str(tiny_llama_dir), store=str(store), out=tmp_path / "x",
                           draft_vocab_size=1000))
     assert not (tmp_path / "x").exists()
+    # the parameter-matched control: same init for the shared parts, one plain layer more
+    two = load_drafter(run(ConvertConfig(arch="eagle3", target=str(tiny_llama_dir), store=str(store),
+                                         out=tmp_path / "e3-2l", draft_vocab_size=64, eagle3_layers=2)).out)
+    assert two.config.num_layers == 2 and len(two.layers) == 1
+    assert torch.equal(two.draft_to_target, d2t) and torch.equal(two.embed_tokens.weight, model.embed_tokens.weight)
+    with pytest.raises(ConfigError, match="--eagle3-layers applies to --arch eagle3 only"):
+        ConvertConfig(backbone=tmp_path, store=str(store), out=tmp_path / "y", eagle3_layers=2)
 
 
 def test_eagle3_init_refuses_a_target_the_store_was_not_built_with(store, tiny_qwen3_dir, tmp_path):

@@ -15,7 +15,8 @@ from osprey_train.ttt.unroll import PackedBatch, ttt_hidden_states, ttt_loss
 
 def _drafter(seed=0, name="tiny"):
     torch.manual_seed(seed)
-    cfg = DrafterConfig.from_name(name)
+    cfg = (DrafterConfig.from_name("tiny-eagle3", num_layers=2) if name == "tiny-eagle3-2l"
+           else DrafterConfig.from_name(name))
     if cfg.arch == "osprey":
         model = OspreyDrafter(cfg)
     else:
@@ -64,9 +65,9 @@ def _naive_chain(model, batch, slot, steps):
     return hs
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_unroll_hidden_matches_incremental_decode(impl):
-    model = _drafter()
+@pytest.mark.parametrize("impl,name", [("sdpa", "tiny"), ("eager", "tiny"), ("sdpa", "tiny-eagle3-2l")])
+def test_unroll_hidden_matches_incremental_decode(impl, name):
+    model = _drafter(name=name)
     batch = _batch()
     steps = 4
     with torch.no_grad():
