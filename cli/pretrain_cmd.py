@@ -21,16 +21,23 @@ __all__ = ["pretrain"]
 @click.option("--heldout-fraction", type=float, default=0.01, show_default=True,
               help="End fraction of the corpus held out for perplexity.")
 @click.option("--eval-windows", type=int, default=64, show_default=True, help="Held-out windows per eval.")
+@click.option("--teacher", default=None,
+              help="Knowledge distillation: the unpruned source (folder/.gguf/hub id); its logits are the soft targets.")
+@click.option("--kd-temperature", type=float, default=1.0, show_default=True, help="Temperature of the KD term.")
+@click.option("--kd-weight", type=float, default=1.0, show_default=True,
+              help="Weight of the KD term (the rest goes to next-token cross-entropy).")
 @loop_options
 @optim_options(PRETRAIN_OPTIM_DEFAULTS)
 def pretrain(**params: Any) -> None:
     """Stage 2: pretrain a pruned backbone on generic text (launch with torchrun for DDP/FSDP).
 
-    Held-out perplexity is measured at step 0, every --eval-every steps and at the end.
+    Held-out perplexity is measured at step 0, every --eval-every steps and at the end. With
+    --teacher SOURCE the loss is distillation from the unpruned source's logits.
 
     \b
     Example:
       osprey train pretrain --model runs/pruned --corpus corpora/generic --out runs/backbone --steps 2000
+      osprey train pretrain --model runs/pruned --corpus corpora/generic --out runs/backbone-kd --teacher SOURCE
     """
     from osprey_train.stages.pretrain import PretrainConfig, run
 

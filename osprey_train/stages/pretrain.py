@@ -16,6 +16,17 @@ The last ``heldout_fraction`` of the stream (from a document start) is never tra
 held-out perplexity ``exp(mean NLL)`` over up to ``eval_windows`` consecutive windows of it is
 logged at ``eval_every`` steps, at step 0 (the freshly pruned model) and at the end.
 
+Knowledge distillation (``teacher``): the unpruned source model's next-token distribution is the
+soft target (still target-agnostic: the teacher is the source LM, not the serving target), as
+pruning work such as Minitron and Sheared-LLaMA does to recover a pruned model. The loss is
+``kd_weight * tau^2 * KL(softmax(t / tau) || softmax(s / tau)) + (1 - kd_weight) * CE(s, next token)``,
+``t`` and ``s`` the teacher's and student's logits, averaged over tokens; ``tau^2`` keeps the
+gradient scale of the soft term independent of the temperature (Hinton et al.). The teacher runs
+in inference mode on the same windows, is never trained or checkpointed, and must use the
+corpus's tokenizer. Held-out perplexity is always the student's on the true next tokens, so the
+two Stage-2 variants are compared on one scale; evaluations also log the held-out KL and (once)
+the teacher's own perplexity.
+
 Legend: B batch, T tokens, V vocab.
 """
 
@@ -34,6 +45,7 @@ from torch.nn import functional as F
 
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
 from osprey_data.errors import CheckpointError, ConfigError, InputError
+from osprey_data.target import load_hf_target
 from osprey_train.stages.defaults import pretrain_optim
 from osprey_train.trainer import LoopConfig, OptimConfig, config_json
 from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
@@ -66,9 +78,24 @@ class PretrainConfig:
     """Held-out windows (of seq_len + 1 tokens) per evaluation."""
     eval_batch_size: int = 8
     """Windows per forward pass during evaluation."""
+    teacher: str | None = None
+    """Knowledge distillation: the unpruned source model (folder, .gguf file or hub id) whose logits
+    are soft targets; it must share the corpus's tokenizer. None = plain next-token prediction."""
+    kd_temperature: float = 1.0
+    """Softmax temperature tau of both distributions in the KD term."""
+    kd_weight: float = 1.0
+    """Weight of the KD term; ``1 - kd_weight`` goes to the hard next-token cross-entropy."""
 
     def __post_init__(self) -> None:
         self.model, self.corpus = Path(self.model), Path(self.corpus)
+        if self.teacher is not None:
+            self.teacher = str(self.teacher)
+        if not (math.isfinite(self.kd_temperature) and self.kd_temperature > 0):
+            raise ConfigError(f"pretrain: kd_temperature must be > 0, got {self.kd_temperature}")
+        if not 0.0 <= self.kd_weight <= 1.0:
+            raise ConfigError(f"pretrain: kd_weight must be in [0, 1], got {self.kd_weight}")
+        if self.teacher is None and (self.kd_temperature != 1.0 or self.kd_weight != 1.0):
+            raise ConfigError("pretrain: --kd-temperature / --kd-weight need --teacher")
         for name in ("seq_len", "batch_size", "eval_windows", "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -119,6 +146,27 @@ class PretrainTask:
         self.train_range, self.heldout_range = (tr0, tr1), (ho0, ho1)
         self.sampler = WindowSampler(self.corpus, tr0, tr1, cfg.seq_len + 1, cfg.loop.seed)
         self.eval_starts = self._heldout_starts()
+        self.teacher = self._load_teacher() if cfg.teacher is not None else None
+        self._teacher_eval: dict[str, float] | None = None
+
+    def _load_teacher(self) -> nn.Module:
+        teacher, tokenizer = load_hf_target(self.cfg.teacher, device="cpu")
+        ident = tokenizer_identity(tokenizer, self.cfg.teacher)
+        if ident["hash"] != self.corpus.tokenizer["hash"]:
+            raise ConfigError(f"pretrain --teacher {self.cfg.teacher}: its tokenizer (hash {ident['hash'][:12]}) is "
+                              f"not the corpus's ({self.cfg.corpus}, hash {self.corpus.tokenizer['hash'][:12]}); "
+                              "the teacher must be the unpruned source the backbone was pruned from")
+        teacher.config.use_cache = False
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        return teacher.eval()
+
+    def _teacher_logits(self, ids_BT: torch.Tensor) -> torch.Tensor:
+        device = ids_BT.device
+        if next(self.teacher.parameters()).device != device:
+            self.teacher = self.teacher.to(device)
+        with torch.no_grad():
+            return self.teacher(input_ids=ids_BT).logits.float()
 
     def _heldout_starts(self) -> list[int]:
         ho0, ho1 = self.heldout_range
@@ -142,6 +190,12 @@ class PretrainTask:
         if self.corpus.tokenizer["vocab_size"] > emb:
             raise ConfigError(f"{self.cfg.corpus}: tokenizer has {self.corpus.tokenizer['vocab_size']} tokens but "
                               f"{self.cfg.model} embeds only {emb}")
+        if self.teacher is not None:
+            student_v = model.get_output_embeddings().weight.shape[0]
+            teacher_v = self.teacher.get_output_embeddings().weight.shape[0]
+            if student_v != teacher_v:
+                raise ConfigError(f"pretrain --teacher {self.cfg.teacher}: its LM head has {teacher_v} rows, "
+                                  f"{self.cfg.model}'s has {student_v}; the logits must cover the same vocabulary")
         model.config.use_cache = False
         return model
 
@@ -152,30 +206,53 @@ class PretrainTask:
         return torch.from_numpy(self.sampler.batch(first, per_slot))   # ids_BT (B, seq_len + 1)
 
     @staticmethod
-    def _nll_sum(model: nn.Module, ids_BT: torch.Tensor) -> tuple[torch.Tensor, int]:
-        logits_BTV = model(input_ids=ids_BT[:, :-1]).logits
-        targets_BT = ids_BT[:, 1:]
-        nll = F.cross_entropy(logits_BTV.float().reshape(-1, logits_BTV.shape[-1]), targets_BT.reshape(-1),
-                              reduction="sum")
-        return nll, targets_BT.numel()
+    def _nll_sum(logits_BTV: torch.Tensor, ids_BT: torch.Tensor) -> torch.Tensor:
+        """Summed next-token NLL of ``logits`` (computed on ``ids[:, :-1]``) against ``ids[:, 1:]``."""
+        return F.cross_entropy(logits_BTV.float().reshape(-1, logits_BTV.shape[-1]), ids_BT[:, 1:].reshape(-1),
+                               reduction="sum")
+
+    def _kl_sum(self, student_BTV: torch.Tensor, teacher_BTV: torch.Tensor) -> torch.Tensor:
+        """Summed tau^2 * KL(teacher || student) over the tokens, both at temperature tau."""
+        tau = self.cfg.kd_temperature
+        log_q = F.log_softmax(student_BTV.float() / tau, dim=-1)
+        log_p = F.log_softmax(teacher_BTV / tau, dim=-1)
+        return tau * tau * (log_p.exp() * (log_p - log_q)).sum()
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        nll, count = self._nll_sum(model, batch)
-        return nll / count, {"tokens": float(count)}
+        logits_BTV = model(input_ids=batch[:, :-1]).logits
+        count = batch[:, 1:].numel()
+        if self.teacher is None:
+            return self._nll_sum(logits_BTV, batch) / count, {"tokens": float(count)}
+        kd = self._kl_sum(logits_BTV, self._teacher_logits(batch[:, :-1])) / count
+        w = self.cfg.kd_weight
+        with torch.set_grad_enabled(w < 1.0 and torch.is_grad_enabled()):   # pure KD: CE is a metric only
+            ce = self._nll_sum(logits_BTV, batch) / count
+        loss = kd if w == 1.0 else w * kd + (1.0 - w) * ce
+        return loss, {"tokens": float(count), "ce": float(ce.detach()), "kd": float(kd.detach())}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         device = next(model.parameters()).device
         length = self.cfg.seq_len + 1
-        total, count = 0.0, 0
+        total, kl, teacher_total, count = 0.0, 0.0, 0.0, 0
         for i in range(0, len(self.eval_starts), self.cfg.eval_batch_size):
             starts = self.eval_starts[i:i + self.cfg.eval_batch_size]
             ids = torch.stack([torch.from_numpy(self.corpus.tokens(s, length)) for s in starts]).to(device)
-            nll, n = self._nll_sum(model, ids)
-            total += float(nll)
-            count += n
+            logits_BTV = model(input_ids=ids[:, :-1]).logits
+            total += float(self._nll_sum(logits_BTV, ids))
+            count += ids[:, 1:].numel()
+            if self.teacher is not None:
+                teacher_BTV = self._teacher_logits(ids[:, :-1])
+                kl += float(self._kl_sum(logits_BTV, teacher_BTV))
+                if self._teacher_eval is None:
+                    teacher_total += float(self._nll_sum(teacher_BTV, ids))
         loss = total / count
-        return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0)), "eval_tokens": float(count)}
+        out = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0)), "eval_tokens": float(count)}
+        if self.teacher is not None:
+            if self._teacher_eval is None:   # the teacher does not change: measured once
+                self._teacher_eval = {"teacher_eval_ppl": math.exp(min(teacher_total / count, 80.0))}
+            out.update({"eval_kd": kl / count, **self._teacher_eval})
+        return out
 
     def save_model(self, model: nn.Module, out_dir: Path) -> None:
         model.config.use_cache = True
@@ -189,12 +266,14 @@ class PretrainTask:
         info = {"stage": "pretrain", "source_model": str(self.cfg.model.resolve()),
                 "corpus": str(self.cfg.corpus.resolve()), "corpus_tokenizer": self.corpus.tokenizer,
                 "train_tokens_range": list(self.train_range), "heldout_tokens_range": list(self.heldout_range),
-                "steps": self.cfg.loop.max_steps, "seq_len": self.cfg.seq_len, "seed": self.cfg.loop.seed}
+                "steps": self.cfg.loop.max_steps, "seq_len": self.cfg.seq_len, "seed": self.cfg.loop.seed,
+                "teacher": self.cfg.teacher, "kd_temperature": self.cfg.kd_temperature, "kd_weight": self.cfg.kd_weight}
         (Path(out_dir) / "pretrain_info.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
 
 
 # Settings that define the data stream and the model: a resume must not change them.
-_RESUME_FIXED = ("model", "corpus", "seq_len", "batch_size", "heldout_fraction")
+_RESUME_FIXED = ("model", "corpus", "seq_len", "batch_size", "heldout_fraction", "teacher", "kd_temperature",
+                 "kd_weight")
 
 
 def _check_resume(cfg: PretrainConfig) -> None:
