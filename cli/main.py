@@ -44,6 +44,11 @@ COMMANDS: dict[str, dict[str, str]] = {
         "sweep": "osprey_cli.eval_cmds:sweep",
         "live": "osprey_cli.live_cmd:live",
     },
+    "study": {
+        "run": "osprey_cli.study_cmd:run",
+        "status": "osprey_cli.study_cmd:status",
+        "report": "osprey_cli.study_cmd:report",
+    },
     "": {
         "export": "osprey_cli.export_cmd:export",
         "demo": "osprey_cli.demo_cmd:demo",
@@ -54,6 +59,7 @@ _GROUP_HELP = {
     "data": "Build, validate, inspect and merge feature stores; tokenize pretraining corpora.",
     "train": "Stage 1 prune, Stage 2 pretrain, Stage 3 convert, Stage 4 distill.",
     "eval": "Offline acceptance length (chains, trees, tree-shape sweeps), cross-domain matrices, live decoding.",
+    "study": "Declarative, resumable comparisons of drafters (every stage, matrices, the paper's claims).",
 }
 
 

@@ -141,3 +141,13 @@ class Interrupted(OspreyError):
 
 
 __all__ += ["Interrupted"]
+
+
+# --- studies -----------------------------------------------------------------------------
+
+
+class StudyBusyError(OspreyError, RuntimeError):
+    """Another ``osprey study run`` holds the study folder (one runner per folder at a time)."""
+
+
+__all__ += ["StudyBusyError"]

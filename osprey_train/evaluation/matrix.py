@@ -106,26 +106,36 @@ def to_markdown(res: MatrixResult) -> str:
     return "\n".join(lines) + "\n" + note + "\n"
 
 
-def plot_heatmap(res: MatrixResult, path: Path) -> Path:
+def plot_heatmap(res: MatrixResult, path: Path, *, title: str | None = None, cmap: str = "viridis",
+                 center: float | None = None, xlabel: str = "eval store", ylabel: str = "drafter") -> Path:
+    """Heatmap PNG of ``res.values`` (missing cells, None or NaN, are left blank and marked "–").
+
+    ``center``: a diverging colour scale symmetric around this value (e.g. 1.0 for ratios).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    vals = np.asarray(res.values, dtype=float)
+    vals = np.asarray([[np.nan if v is None else v for v in row] for row in res.values], dtype=float)
     fig, ax = plt.subplots(figsize=(1.4 + 1.1 * len(res.stores), 1.0 + 0.6 * len(res.drafters)))
-    im = ax.imshow(vals, cmap="viridis", aspect="auto")
+    limits = {}
+    if center is not None and np.isfinite(vals).any():
+        half = float(np.nanmax(np.abs(vals - center))) or 1e-3
+        limits = {"vmin": center - half, "vmax": center + half}
+    im = ax.imshow(vals, cmap=cmap, aspect="auto", **limits)
     ax.set_xticks(range(len(res.stores)), [s + ("*" if p else "") for s, p in zip(res.stores, res.proxy)],
                   rotation=30, ha="right")
     ax.set_yticks(range(len(res.drafters)), res.drafters)
     for i in range(vals.shape[0]):
         for j in range(vals.shape[1]):
             bold = res.drafters[i] == res.stores[j]
-            ax.text(j, i, f"{vals[i, j]:.2f}", ha="center", va="center", color="w",
+            text = "–" if not np.isfinite(vals[i, j]) else f"{vals[i, j]:.2f}"
+            ax.text(j, i, text, ha="center", va="center", color="w" if center is None else "k",
                     fontweight="bold" if bold else "normal")
-    ax.set_xlabel("eval store")
-    ax.set_ylabel("drafter")
-    ax.set_title(f"acceptance length (S={res.steps})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or f"acceptance length (S={res.steps})")
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     with atomic_file(path) as tmp:

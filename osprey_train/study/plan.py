@@ -1,0 +1,344 @@
+"""From a study config to the ordered list of stages that produce its results.
+
+Every stage is a :class:`Node`: a kind (``model``, ``prompts``, ``store``, ``prune``, ``corpus``,
+``pretrain``, ``convert``, ``distill``, ``eval``, ``live``), the settings that define its output,
+and the nodes it reads. Its **key** is a hash of the kind, those settings and the keys of its
+inputs, so two arms that need the same store, backbone or pretraining share one stage, and a
+stage is reused whenever nothing it depends on changed. Inputs that are files (prompt files,
+corpus, a local model) enter the key through their content digest, not their path, so the keys
+are the same on every machine. Operational settings (batch size of a build, checkpoint period,
+threads) are not part of the key.
+
+The order is the order of work: the stores of every domain first, then for each round of seeds
+every arm's drafters domain by domain (convert, distill, its row of the matrix), so the main
+comparison is complete before the ablations and the second seeds start; the live run comes
+last. A ``live`` stage on the 'best' drafter can only be defined once the in-domain cells exist:
+until then it is a pending node the runner resolves when it gets there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osprey_data.target.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
+from osprey_train.study.config import PYPI_SMOLLM2, ArmSection, ModelSection, StudyConfig
+
+__all__ = ["Node", "Plan", "build_plan", "file_digest", "model_fingerprint", "EAGLE3_DEFAULT_DRAFT_VOCAB"]
+
+EAGLE3_DEFAULT_DRAFT_VOCAB = 32000
+"""EAGLE-3 draft vocabulary when ``[distill] draft_vocab`` is not set (convert's default)."""
+
+# Files of a local model folder read whole into its fingerprint; larger ones by head, tail and size.
+_SMALL_FILE = 16 << 20
+_EDGE = 4 << 20
+_digests: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's content (cached per path, size and mtime within the process)."""
+    st = path.stat()
+    cache_key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if cache_key not in _digests:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _digests[cache_key] = h.hexdigest()
+    return _digests[cache_key]
+
+
+def _edge_digest(path: Path) -> str:
+    """size + sha256 of the first and last 4 MiB: a cheap fingerprint of a weights file."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(_EDGE))
+        if size > _EDGE:
+            fh.seek(max(size - _EDGE, _EDGE))
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def model_fingerprint(section: ModelSection) -> dict[str, Any]:
+    """What identifies a model in a stage key: the PyPI wheel, a content digest, or the hub id."""
+    if section.model == PYPI_SMOLLM2:
+        return {"pypi": f"{WHEEL_NAME}=={WHEEL_VERSION}", "member": GGUF_MEMBER}
+    path = Path(section.model)
+    if path.is_dir():
+        files = {}
+        for f in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+            files[f.name] = file_digest(f) if f.stat().st_size <= _SMALL_FILE else _edge_digest(f)
+        return {"folder": files, "gguf_file": section.gguf_file}
+    if path.is_file():
+        return {"file": path.name, "digest": _edge_digest(path)}
+    return {"hub": section.model, "gguf_file": section.gguf_file}
+
+
+@dataclass(eq=False)
+class Node:
+    """One stage of a study."""
+
+    kind: str
+    """Stage kind (selects the executor)."""
+    settings: dict[str, Any]
+    """JSON settings that define the output (part of the key)."""
+    deps: dict[str, "Node"] = field(default_factory=dict)
+    """Input role -> node."""
+    label: str = ""
+    """Human description ("distill osprey seed 0 on math")."""
+    arm: str | None = None
+    seed: int | None = None
+    domain: str | None = None
+    """Adaptation domain (drafters) or the domain of a store / prompt set."""
+    eval_domain: str | None = None
+    """eval stages: the domain of the held-out store."""
+    cost: float = 1.0
+    """Work units for the ETA (seconds per unit are measured per kind as the study runs)."""
+    operational: dict[str, Any] = field(default_factory=dict)
+    """Settings that do not change the output (batch size of a build, checkpoint period)."""
+    pending: str | None = None
+    """Why the node cannot be defined yet (a 'best' live run before its cells exist)."""
+    payload: Any = None
+    """What the executor needs beyond the settings, not part of the key (a model section, a domain)."""
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        doc = {"kind": self.kind, "settings": self.settings, "deps": {r: n.key for r, n in sorted(self.deps.items())}}
+        digest = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+        self.key = "pending" if self.pending else digest[:16]
+
+    @property
+    def folder(self) -> str:
+        """Folder name under ``stages/`` and ``work/``."""
+        return f"{self.kind}-{self.key}"
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a killed run of this stage continues from its own partial output."""
+        return self.kind in ("store", "corpus", "pretrain", "distill")
+
+    def describe(self) -> dict[str, Any]:
+        """JSON description (stage records, status)."""
+        return {"kind": self.kind, "key": self.key, "label": self.label, "arm": self.arm, "seed": self.seed,
+                "domain": self.domain, "eval_domain": self.eval_domain, "settings": self.settings,
+                "operational": self.operational, "deps": {r: n.key for r, n in self.deps.items()}}
+
+
+@dataclass
+class Plan:
+    """The study's stages in order of work, deduplicated by key."""
+
+    nodes: list[Node]
+    """Every stage, dependencies before dependants."""
+    drafters: dict[tuple[str, int, str], Node]
+    """(arm, seed, adaptation domain) -> its distill node."""
+    converted: dict[tuple[str, int, str], Node]
+    """(arm, seed, adaptation domain) -> its convert node."""
+    cells: dict[tuple[str, int, str, str], Node]
+    """(arm, seed, adaptation domain, eval domain) -> eval node of the distilled drafter."""
+    init_cells: dict[tuple[str, int, str], Node]
+    """(arm, seed, domain) -> eval node of the converted drafter (``[eval] converted``)."""
+    pretrain: dict[str, Node]
+    """Stage-2 variant ('plain' / 'kd') -> pretrain node."""
+    stores: dict[tuple[str, str, str], Node]
+    """(domain, split, data) -> store node."""
+    prompts: dict[tuple[str, str], Node]
+    """(domain, split) -> prompt-selection node."""
+    live: Node | None = None
+
+    def by_key(self) -> dict[str, Node]:
+        return {n.key: n for n in self.nodes}
+
+
+class _Builder:
+    def __init__(self, cfg: StudyConfig) -> None:
+        self.cfg = cfg
+        self.nodes: dict[str, Node] = {}
+        self.order: list[Node] = []
+
+    def add(self, node: Node) -> Node:
+        if node.key in self.nodes:   # shared by several arms: keep the first (its label)
+            return self.nodes[node.key]
+        self.nodes[node.key] = node
+        self.order.append(node)
+        return node
+
+
+def _arm_factor(cfg: StudyConfig, arm: ArmSection) -> float:
+    """Relative cost of one distillation slot (an EAGLE-3 layer = 1)."""
+    return 0.5 + 0.75 * cfg.prune.layers if arm.arch == "osprey" else 0.5 + 0.5 * arm.layers
+
+
+def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None = None) -> Plan:
+    """Every stage of ``cfg`` in order of work; ``lookup(key)`` gives a finished stage's record
+    (used to resolve the 'best' live drafter once its cells exist)."""
+    b = _Builder(cfg)
+    st = cfg.stores
+    target = b.add(Node("model", {"model": model_fingerprint(cfg.target)}, label="target model", cost=1,
+                        payload=cfg.target))
+    if cfg.source.model == "target":
+        source = target
+    else:
+        source = b.add(Node("model", {"model": model_fingerprint(cfg.source)}, label="source model", cost=1,
+                            payload=cfg.source))
+
+    prompts: dict[tuple[str, str], Node] = {}
+    stores: dict[tuple[str, str, str], Node] = {}
+    for d in cfg.domains:
+        for split in ("train", "eval"):
+            if d.eval is None:   # held out from the train file, as the demo splits its prompt file
+                settings = {"file": file_digest(d.train), "mode": f"split-{split}", "eval_samples": d.eval_samples}
+                if split == "train":
+                    settings["samples"] = d.train_samples
+            else:
+                settings = {"file": file_digest(d.train if split == "train" else d.eval), "mode": "sample",
+                            "samples": d.train_samples if split == "train" else d.eval_samples,
+                            "seed": cfg.study.seed}
+            prompts[d.name, split] = b.add(Node("prompts", settings, label=f"prompts {d.name} {split}",
+                                                domain=d.name, cost=1, payload=(d, split)))
+    datas = {"regenerated"} | {a.train_data for a in cfg.arms}
+
+    def store(domain: str, split: str, data: str) -> Node:
+        d = cfg.domain(domain)
+        regen = data == "regenerated"
+        settings = {"regenerate": regen, "max_new_tokens": st.max_new_tokens, "topk": st.topk, "layers": st.layers,
+                    "max_length": st.max_length, "last_turn_only": st.last_turn_only, "hidden_codec": st.hidden_codec,
+                    "temperature": 0.0}
+        n = d.train_samples if split == "train" else d.eval_samples
+        node = b.add(Node("store", settings, {"prompts": prompts[domain, split], "target": target},
+                          label=f"store {domain} {split}{'' if regen else ' (teacher-forced)'}", domain=domain,
+                          cost=n * (st.max_new_tokens if regen else 0.1 * st.max_length),
+                          operational={"batch_size": st.batch_size, "shard_tokens": st.shard_tokens}))
+        stores[domain, split, data] = node
+        return node
+
+    for d in cfg.domains:
+        store(d.name, "train", "regenerated")
+        store(d.name, "eval", "regenerated")
+    for data in sorted(datas - {"regenerated"}):
+        for d in cfg.domains:
+            store(d.name, "train", data)
+
+    pretrain: dict[str, Node] = {}
+    needs_backbone = any(a.arch == "osprey" for a in cfg.arms)
+    prune = corpus = None
+    if needs_backbone:
+        prune = b.add(Node("prune", {"layers": cfg.prune.layers}, {"source": source},
+                           label=f"prune source to {cfg.prune.layers} blocks", cost=1))
+
+    def stage2(variant: str) -> Node:
+        nonlocal corpus
+        assert cfg.corpus is not None and prune is not None
+        if corpus is None:
+            corpus = b.add(Node("corpus", {"files": [file_digest(f) for f in cfg.corpus.files],
+                                           "text_field": cfg.corpus.text_field}, {"tokenizer": prune},
+                                label="tokenize the generic corpus",
+                                cost=sum(f.stat().st_size for f in cfg.corpus.files) / 1e6))
+        p = cfg.pretrain
+        settings = {"steps": p.steps, "seq_len": p.seq_len, "batch_size": p.batch_size, "lr": p.lr,
+                    "warmup_ratio": p.warmup_ratio, "heldout_fraction": p.heldout_fraction,
+                    "eval_every": p.eval_every, "eval_windows": p.eval_windows, "seed": p.seed, "variant": variant}
+        deps = {"model": prune, "corpus": corpus}
+        if variant == "kd":
+            settings.update(kd_temperature=p.kd_temperature, kd_weight=p.kd_weight)
+            deps["teacher"] = source
+        node = b.add(Node("pretrain", settings, deps, label=f"stage 2 ({'distillation from the source' if variant == 'kd' else 'next-token prediction'})",
+                          cost=p.steps * p.seq_len * p.batch_size * (3.0 if variant == "kd" else 1.0) / 1000,
+                          operational={"save_every": p.save_every}))
+        pretrain[variant] = node
+        return node
+
+    ds = cfg.distill
+    drafters: dict[tuple[str, int, str], Node] = {}
+    converted: dict[tuple[str, int, str], Node] = {}
+    cells: dict[tuple[str, int, str, str], Node] = {}
+    init_cells: dict[tuple[str, int, str], Node] = {}
+    ev = cfg.eval
+
+    def eval_node(drafter: Node, arm: ArmSection, seed: int, domain: str, eval_domain: str, what: str) -> Node:
+        n = ev.max_samples or cfg.domain(eval_domain).eval_samples
+        return b.add(Node("eval", {"draft_steps": ev.draft_steps, "max_samples": ev.max_samples},
+                          {"drafter": drafter, "store": stores[eval_domain, "eval", "regenerated"]},
+                          label=f"eval {arm.name} seed {seed} {what} {domain} on {eval_domain}", arm=arm.name,
+                          seed=seed, domain=domain, eval_domain=eval_domain,
+                          cost=n * ev.draft_steps * _arm_factor(cfg, arm) / 10))
+
+    rounds = max(len(a.seeds) for a in cfg.arms)
+    for r in range(rounds):
+        for arm in cfg.arms:
+            if r >= len(arm.seeds):
+                continue
+            seed = arm.seeds[r]
+            backbone = None
+            if arm.arch == "osprey":
+                backbone = prune if arm.stage2 == "none" else pretrain.get(arm.stage2) or stage2(arm.stage2)
+            for domain in cfg.arm_domains(arm):
+                train_store = stores[domain, "train", arm.train_data]
+                settings: dict[str, Any] = {"arch": arm.arch, "seed": seed}
+                deps = {"store": train_store, "target": target}
+                if arm.arch == "osprey":
+                    settings["draft_vocab"] = ds.draft_vocab
+                    deps["backbone"] = backbone
+                else:
+                    settings["draft_vocab"] = ds.draft_vocab or EAGLE3_DEFAULT_DRAFT_VOCAB
+                    settings["layers"] = arm.layers
+                conv = b.add(Node("convert", settings, deps, label=f"convert {arm.name} seed {seed} for {domain}",
+                                  arm=arm.name, seed=seed, domain=domain, cost=1))
+                converted[arm.name, seed, domain] = conv
+                steps = arm.steps or ds.steps
+                dset = {"steps": steps, "tokens_per_batch": ds.tokens_per_batch, "grad_accum": ds.grad_accum,
+                        "lr": ds.lr * arm.lr_scale, "warmup_ratio": ds.warmup_ratio, "ttt_steps": ds.ttt_steps,
+                        "ttt_decay": ds.ttt_decay, "target_dist": ds.target_dist, "eval_every": ds.eval_every,
+                        "eval_samples": ds.eval_samples, "eval_draft_steps": ev.draft_steps, "seed": seed}
+                ddeps = {"init": conv, "store": train_store}
+                if ds.eval_every > 0:   # the learning curve reads the in-domain held-out store
+                    ddeps["eval_store"] = stores[domain, "eval", "regenerated"]
+                dist = b.add(Node("distill", dset, ddeps,
+                                  label=f"distill {arm.name} seed {seed} on {domain}", arm=arm.name, seed=seed,
+                                  domain=domain, operational={"save_every": ds.save_every},
+                                  cost=steps * ds.tokens_per_batch * ds.grad_accum * ds.ttt_steps
+                                  * _arm_factor(cfg, arm) / 1000))
+                drafters[arm.name, seed, domain] = dist
+                if ev.converted:
+                    init_cells[arm.name, seed, domain] = eval_node(conv, arm, seed, domain, domain, "converted for")
+                for e in cfg.domains:
+                    cells[arm.name, seed, domain, e.name] = eval_node(dist, arm, seed, domain, e.name, "on")
+
+    live = None
+    if cfg.live is not None:
+        live = b.add(_live_node(cfg, target, prompts, drafters, cells, lookup))
+    return Plan(nodes=b.order, drafters=drafters, converted=converted, cells=cells, init_cells=init_cells,
+                pretrain=pretrain, stores=stores, prompts=prompts, live=live)
+
+
+def _live_node(cfg: StudyConfig, target: Node, prompts: dict, drafters: dict, cells: dict,
+               lookup: Callable[[str], dict | None] | None) -> Node:
+    lv = cfg.live
+    assert lv is not None
+    steps = lv.draft_steps or cfg.eval.draft_steps
+    settings = {"draft_steps": steps, "max_new_tokens": lv.max_new_tokens, "prompts": lv.prompts,
+                "tap_codec": lv.tap_codec}
+    if lv.arm == "best":
+        candidates = {k: n for k, n in cells.items() if k[2] == k[3] and (lv.domain is None or k[2] == lv.domain)}
+        values = {}
+        for k, n in candidates.items():
+            record = lookup(n.key) if lookup is not None else None
+            if record is None:
+                return Node("live", settings, label="live decoding of the best drafter", cost=lv.prompts
+                            * lv.max_new_tokens / 10, pending="chosen once every in-domain cell is evaluated")
+            values[k] = record["result"]["overall"]
+        arm, seed, domain, _ = max(values, key=lambda k: (values[k], k))
+        settings["chosen"] = "best in-domain acceptance length"
+    else:
+        arm = lv.arm
+        domain = lv.domain
+        seed = lv.seed if lv.seed is not None else cfg.arm(arm).seeds[0]
+    drafter = drafters[arm, seed, domain]
+    return Node("live", settings, {"drafter": drafter, "prompts": prompts[domain, "eval"], "target": target},
+                label=f"live decoding: {arm} seed {seed} on {domain}", arm=arm, seed=seed, domain=domain,
+                cost=lv.prompts * lv.max_new_tokens / 10)

@@ -1,0 +1,168 @@
+"""Collect a study folder's finished stages into one plain-JSON results document.
+
+Nothing is recomputed: every figure comes from the ``stage.json`` records and metrics files the
+runner wrote. A study that is still running (or was stopped) gives partial results; the document
+says which stages are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from osprey_train.study.config import StudyConfig
+from osprey_train.study.plan import Plan, build_plan
+from osprey_train.study.runner import code_version, read_record, stage_dir
+from osprey_train.trainer.config import config_json
+
+__all__ = ["collect", "arm_matrix", "mean"]
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def arm_matrix(cells: list[dict], arm: str, domains: list[str], eval_domains: list[str],
+               seed: int | None = None) -> list[list[float | None]]:
+    """values[i][j]: acceptance length of ``arm`` adapted to domains[i] on eval_domains[j]
+    (one seed, or the mean over the seeds present when ``seed`` is None)."""
+    rows = []
+    for d in domains:
+        row = []
+        for e in eval_domains:
+            vals = [c["acceptance_length"] for c in cells if c["arm"] == arm and c["train_domain"] == d
+                    and c["eval_domain"] == e and (seed is None or c["seed"] == seed)]
+            row.append(mean(vals))
+        rows.append(row)
+    return rows
+
+
+def _summary(values: list[list[float | None]], domains: list[str], eval_domains: list[str]) -> dict[str, Any]:
+    cells = [(d, e, values[i][j]) for i, d in enumerate(domains) for j, e in enumerate(eval_domains)]
+    complete = all(v is not None for _, _, v in cells)
+    ind = [v for d, e, v in cells if d == e and v is not None]
+    ood = [v for d, e, v in cells if d != e and v is not None]
+    return {"mean": mean(ind + ood), "in_domain": mean(ind), "out_of_domain": mean(ood), "complete": complete,
+            "cells": len(ind) + len(ood)}
+
+
+def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, Any]:
+    """The results document of the study ``cfg`` run in ``out``."""
+    out = Path(out)
+    plan = plan or build_plan(cfg, lookup=lambda key: read_record(out, key))
+    records = {n.key: read_record(out, n) for n in plan.nodes if not n.pending}
+    done = [n for n in plan.nodes if records.get(n.key)]
+    missing = [n.label for n in plan.nodes if not records.get(n.key)]
+    domains = [d.name for d in cfg.domains]
+
+    def cell(node, record) -> dict[str, Any]:
+        r = record["result"]
+        return {"arm": node.arm, "seed": node.seed, "train_domain": node.domain, "eval_domain": node.eval_domain,
+                "acceptance_length": r["overall"], "per_position": r["per_position"],
+                "num_samples": r["num_samples"], "num_verify_steps": r["num_verify_steps"],
+                "num_tokens": r["num_tokens"], "proxy": r["proxy"], "stage": node.key}
+
+    cells = [cell(n, records[n.key]) for n in plan.cells.values() if records.get(n.key)]
+    converted = [cell(n, records[n.key]) for n in plan.init_cells.values() if records.get(n.key)]
+
+    curves = []
+    for (arm, seed, domain), node in plan.drafters.items():
+        if not records.get(node.key):
+            continue
+        metrics = _metrics(stage_dir(out, node) / "run" / "metrics.jsonl")
+        curves.append({"arm": arm, "seed": seed, "domain": domain,
+                       "train": [{k: v for k, v in m.items() if k != "kind"} for m in metrics if m["kind"] == "train"],
+                       "eval": [{k: v for k, v in m.items() if k != "kind"} for m in metrics if m["kind"] == "eval"]})
+
+    stage2 = {}
+    for variant, node in plan.pretrain.items():
+        record = records.get(node.key)
+        if not record:
+            continue
+        s = node.settings
+        per_step = s["seq_len"] * s["batch_size"]
+        evals = [m for m in _metrics(stage_dir(out, node) / "run" / "metrics.jsonl") if m["kind"] == "eval"]
+        stage2[variant] = {
+            "settings": s, "final_ppl": record["result"]["final_ppl"],
+            "curve": [{"step": m["step"], "tokens": m["step"] * per_step, "eval_ppl": m["eval_ppl"],
+                       **({"eval_kd": m["eval_kd"]} if "eval_kd" in m else {})} for m in evals],
+            "teacher_ppl": next((m["teacher_eval_ppl"] for m in evals if "teacher_eval_ppl" in m), None),
+            "wall_s": record["wall_s"], "cpu_s": record["cpu_s"]}
+
+    stores = {}
+    for (domain, split, data), node in plan.stores.items():
+        record = records.get(node.key)
+        if record:
+            r = record["result"]
+            stores[f"{domain}/{split}/{data}"] = {
+                "samples": r["samples_written"] + r.get("already_done", 0), "tokens_written": r["tokens_written"],
+                "generated_tokens": r["generated_tokens"], "truncated": r["truncated"], "wall_s": record["wall_s"]}
+
+    matrices = {}
+    for arm in cfg.arms:
+        arm_domains = cfg.arm_domains(arm)
+        seeds = sorted({c["seed"] for c in cells if c["arm"] == arm.name})
+        if not seeds:
+            continue
+        seed_mean = arm_matrix(cells, arm.name, arm_domains, domains)
+        matrices[arm.name] = {
+            "domains": arm_domains, "eval_domains": domains, "seeds": seeds, "values": seed_mean,
+            "summary": _summary(seed_mean, arm_domains, domains),
+            "per_seed": {str(s): {"values": (v := arm_matrix(cells, arm.name, arm_domains, domains, s)),
+                                  "summary": _summary(v, arm_domains, domains)} for s in seeds}}
+
+    compute: dict[str, Any] = {"wall_s": 0.0, "cpu_s": 0.0, "by_kind": {}}
+    threads = set()
+    for n in done:
+        r = records[n.key]
+        k = compute["by_kind"].setdefault(n.kind, {"stages": 0, "wall_s": 0.0, "cpu_s": 0.0})
+        k["stages"] += 1
+        k["wall_s"] += r["wall_s"]
+        k["cpu_s"] += r["cpu_s"]
+        compute["wall_s"] += r["wall_s"]
+        compute["cpu_s"] += r["cpu_s"]
+        threads.add(r.get("threads"))
+        load = [x for x in r.get("load_average", []) if x is not None]
+        if load:
+            compute.setdefault("load_average", []).extend(load)
+    if compute.get("load_average"):
+        la = compute.pop("load_average")
+        compute["load_average_mean"] = sum(la) / len(la)
+    compute["threads"] = sorted(t for t in threads if t is not None)
+    commits = sorted({json.dumps(records[n.key].get("code_version", {}), sort_keys=True) for n in done})
+
+    live = None
+    if plan.live is not None and not plan.live.pending and records.get(plan.live.key):
+        live = {"arm": plan.live.arm, "seed": plan.live.seed, "domain": plan.live.domain,
+                "settings": plan.live.settings, **records[plan.live.key]["result"]}
+
+    return {
+        "format": "osprey-study-results", "format_version": 1,
+        "study": {"name": cfg.study.name, "description": cfg.study.description,
+                  "file": cfg.path.name if cfg.path else None},
+        "code_version": code_version(), "stage_code_versions": [json.loads(c) for c in commits],
+        "progress": {"stages": len(plan.nodes), "done": len(done), "missing": missing},
+        "settings": {name: config_json(getattr(cfg, name)) for name in
+                     ("stores", "prune", "pretrain", "distill", "eval", "live") if getattr(cfg, name) is not None},
+        "target": cfg.target.model, "source": cfg.source.model,
+        "corpus": [f.name for f in cfg.corpus.files] if cfg.corpus else None,
+        "domains": [{"name": d.name, "train_file": d.train.name, "eval_file": d.eval.name if d.eval else None,
+                     "train_samples": d.train_samples, "eval_samples": d.eval_samples} for d in cfg.domains],
+        "arms": [{**{k: v for k, v in dataclasses.asdict(a).items()}, "lr": cfg.distill.lr * a.lr_scale,
+                  "steps": a.steps or cfg.distill.steps} for a in cfg.arms],
+        "roles": dict(cfg.report.roles),
+        "cells": cells, "converted_cells": converted, "matrices": matrices, "curves": curves, "stage2": stage2,
+        "stores": stores, "live": live, "compute": compute,
+    }

@@ -1,0 +1,286 @@
+"""``osprey study run``: run every stage of a study that is not done yet, resumably.
+
+Layout of a study folder ``OUT``::
+
+    OUT/study.toml            the study file of the latest run (``status`` and ``report`` read it)
+    OUT/stages/KIND-KEY/      finished stages: the output + ``stage.json`` (settings, inputs, timings,
+                              threads, code version, summary); renamed into place when complete
+    OUT/work/KIND-KEY/        a stage being run or interrupted; resumable kinds continue from it
+    OUT/run.log               one line per stage started / finished
+    OUT/.lock                 held while a runner works here (a second one is refused)
+
+A stage is complete exactly when ``stages/KIND-KEY/`` exists: the runner fills ``work/KIND-KEY/``,
+writes ``stage.json`` into it last and moves it into place with one rename
+(:func:`osprey_data.atomic.replace_dir`). Killing the process at any moment therefore leaves finished
+stages untouched and at most one stage in ``work/``; running the same command again skips what is
+finished and continues the interrupted stage from its own checkpoints (trainer checkpoints, committed
+store shards, tokenized corpus shards), which resume exactly.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import resource
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from osprey_data.atomic import replace_dir, write_json, write_text
+from osprey_data.errors import ConfigError, StudyBusyError
+from osprey_train.evaluation.cpu_threads import busy_machine_threads
+from osprey_train.study.config import StudyConfig
+from osprey_train.study.plan import Node, Plan, build_plan
+from osprey_train.study.stages import EXECUTORS, Inputs, StageContext
+
+__all__ = ["StudyRunConfig", "StudyRunResult", "run", "stage_dir", "read_record", "code_version", "DEFAULT_RATES",
+           "format_duration", "estimate_seconds", "STAGE_RECORD"]
+
+STAGE_RECORD = "stage.json"
+
+# Seconds per work unit of each stage kind (see ``plan.Node.cost``) before the study has measured its
+# own: from SmolLM2-135M runs on 2 shared CPU cores (one torch thread, load average ~4).
+DEFAULT_RATES: dict[str, float] = {"model": 5.0, "prompts": 1.0, "store": 0.03, "prune": 20.0, "corpus": 20.0,
+                                   "pretrain": 8.0, "convert": 20.0, "distill": 1.0, "eval": 0.5, "live": 2.0}
+
+
+@dataclass(kw_only=True)
+class StudyRunConfig:
+    """Options of ``osprey study run``."""
+
+    study: StudyConfig
+    """The study."""
+    out: Path
+    """Study folder (created if missing)."""
+    cache: str | None = None
+    """Model cache of the PyPI target (default $OSPREY_CACHE or ~/.cache/osprey)."""
+    progress: bool = True
+    """Stage lines and the stages' own progress bars."""
+    prefix: str = "study"
+    """Word the stage lines start with (``[study 3/40 ...]``; the demo says ``demo``)."""
+    max_stages: int | None = None
+    """Stop after running this many stages (tests; None = all)."""
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"study: --out {self.out} exists and is not a folder")
+
+
+@dataclass
+class StudyRunResult:
+    """What one invocation did."""
+
+    out: Path
+    plan: Plan
+    ran: list[str] = field(default_factory=list)
+    """Keys of the stages run (finished) by this invocation."""
+    reused: int = 0
+    """Stages found finished."""
+    wall_s: float = 0.0
+
+
+def stage_dir(out: Path, node: Node) -> Path:
+    """Where ``node``'s finished output lives."""
+    return Path(out) / "stages" / node.folder
+
+
+def read_record(out: Path, key_or_node: str | Node) -> dict[str, Any] | None:
+    """The ``stage.json`` of a finished stage, or None."""
+    if isinstance(key_or_node, Node):
+        folder = stage_dir(out, key_or_node)
+    else:
+        matches = sorted((Path(out) / "stages").glob(f"*-{key_or_node}"))
+        if not matches:
+            return None
+        folder = matches[0]
+    try:
+        return json.loads((folder / STAGE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def code_version() -> dict[str, Any]:
+    """The git commit of the code that runs (and whether the tree had changes), or the package version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(__file__).resolve().parents[2]
+    doc: dict[str, Any] = {}
+    try:
+        doc["package"] = version("osprey")
+    except PackageNotFoundError:
+        doc["package"] = None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10)
+        if commit.returncode == 0:
+            doc["commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)
+            doc["dirty"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return doc
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def measured_rates(out: Path, plan: Plan) -> dict[str, float]:
+    """Seconds per work unit of each kind, from this study's finished stages (defaults elsewhere)."""
+    wall: dict[str, float] = {}
+    units: dict[str, float] = {}
+    for node in plan.nodes:
+        if node.pending:
+            continue
+        record = read_record(out, node)
+        if record and record.get("wall_s") and not record.get("resumed"):
+            wall[node.kind] = wall.get(node.kind, 0.0) + record["wall_s"]
+            units[node.kind] = units.get(node.kind, 0.0) + node.cost
+    rates = dict(DEFAULT_RATES)
+    rates.update({k: wall[k] / units[k] for k in wall if units[k] > 0})
+    return rates
+
+
+def estimate_seconds(nodes: list[Node], rates: dict[str, float]) -> float:
+    """Estimated seconds of ``nodes`` at ``rates``."""
+    return sum(n.cost * rates.get(n.kind, 1.0) for n in nodes)
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    out.mkdir(parents=True, exist_ok=True)
+    fh = open(out / ".lock", "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise StudyBusyError(f"{out}: another `osprey study run` is working in this folder ({holder}); "
+                                 "wait for it, or stop it first (it resumes where it stopped)") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
+        fh.flush()
+        yield
+    finally:
+        fh.close()
+
+
+def _cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _log(out: Path, line: str) -> None:
+    with open(out / "run.log", "a", encoding="utf-8") as fh:
+        fh.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} {line}\n")
+
+
+@contextmanager
+def _threads(setting: int | str, note: Callable[[str], None]) -> Iterator[int]:
+    import torch
+
+    before = torch.get_num_threads()
+    chosen = setting if isinstance(setting, int) else busy_machine_threads(note)
+    if chosen is not None:
+        torch.set_num_threads(chosen)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, Any]:
+    out = cfg.out
+    inputs = Inputs()
+    for role, dep in node.deps.items():
+        folder = stage_dir(out, dep)
+        if not (folder / STAGE_RECORD).is_file():   # the plan orders inputs first: an internal invariant
+            raise AssertionError(f"{node.label}: input {role} ({dep.label}) is not finished")
+        inputs[role] = (dep, folder)
+    work = out / "work" / node.folder
+    interrupted = work.exists()
+    if interrupted and not node.resumable:
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(timezone.utc)
+    wall0, cpu0 = time.perf_counter(), _cpu_seconds()
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    with _threads(cfg.study.study.threads, ctx.log) as threads:
+        result = EXECUTORS[node.kind](ctx, node, inputs, work)
+    record = {
+        "format": "osprey-study-stage", "format_version": 1, **node.describe(), "result": result,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - wall0, "cpu_s": _cpu_seconds() - cpu0, "threads": threads,
+        "load_average": [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "resumed": interrupted and node.resumable, "code_version": code_version(),
+    }
+    write_json(work / STAGE_RECORD, record, default=str)
+    (out / "stages").mkdir(exist_ok=True)
+    replace_dir(work, stage_dir(out, node))
+    return record
+
+
+def run(cfg: StudyRunConfig) -> StudyRunResult:
+    """Run (or continue) the study in ``cfg.out``."""
+    out = cfg.out
+    t0 = time.perf_counter()
+    say: Callable[[str], None] = (lambda m: print(m, flush=True)) if cfg.progress else (lambda m: None)
+    with _locked(out):
+        if cfg.study.path is not None:
+            write_text(out / "study.toml", cfg.study.path.read_text(encoding="utf-8"))
+        ctx = StageContext(cfg=cfg.study, cache=cfg.cache, progress=cfg.progress, log=lambda m: say(f"    {m}"))
+        plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
+        result = StudyRunResult(out=out, plan=plan)
+        todo = [n for n in plan.nodes if not (stage_dir(out, n) / STAGE_RECORD).is_file()]
+        result.reused = len(plan.nodes) - len(todo)
+        total = len(plan.nodes)
+        if cfg.progress:
+            say(f"[{cfg.prefix}] {cfg.study.study.name}: {total} stages, {result.reused} already done, "
+                f"{len(todo)} to run; folder {out}")
+        _log(out, f"run: {len(todo)} of {total} stages to run")
+        index = result.reused
+        while todo:
+            node = todo.pop(0)
+            if node.pending:
+                plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
+                node = plan.live if plan.live is not None else node
+                if node.pending:
+                    raise AssertionError(f"{node.label}: still undefined ({node.pending}) after its inputs ran")
+                if (stage_dir(out, node) / STAGE_RECORD).is_file():
+                    index += 1
+                    continue
+            index += 1
+            rates = measured_rates(out, plan)
+            eta = estimate_seconds([node, *todo], rates)
+            if cfg.progress:
+                say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
+                    f"ETA {format_duration(eta)}] {node.label}")
+            _log(out, f"start {node.folder} {node.label}")
+            record = _run_stage(cfg, ctx, node)
+            _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")
+            result.ran.append(node.key)
+            if cfg.max_stages is not None and len(result.ran) >= cfg.max_stages:
+                break
+    result.plan = plan
+    result.wall_s = time.perf_counter() - t0
+    if cfg.progress:
+        say(f"[{cfg.prefix} done +{format_duration(result.wall_s)}] {len(result.ran)} stages run, "
+            f"{result.reused} reused")
+    return result

@@ -1,0 +1,117 @@
+"""``osprey study status``: how far a study folder is, and how long the rest should take.
+
+Read-only: it never takes the runner's lock, so it can watch a running study. Per stage kind it
+counts finished stages, names the stage in ``work/`` (running or interrupted) with its last
+checkpoint, and estimates the remaining time from the study's own measured seconds per work unit
+(default rates until a kind has finished once).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osprey_train.study.config import StudyConfig
+from osprey_train.study.plan import build_plan
+from osprey_train.study.runner import (STAGE_RECORD, estimate_seconds, format_duration, measured_rates, read_record,
+                                       stage_dir)
+
+__all__ = ["StudyStatus", "status"]
+
+
+@dataclass
+class StudyStatus:
+    """Where a study stands."""
+
+    name: str
+    out: Path
+    total: int
+    done: int
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    in_work: list[dict[str, Any]] = field(default_factory=list)
+    """Stages with a work folder (running now, or interrupted): label and progress."""
+    next: list[str] = field(default_factory=list)
+    """The next stages to run."""
+    remaining_s: float = 0.0
+    """Estimated seconds for the unfinished stages."""
+    spent_s: float = 0.0
+    """Wall seconds of the finished stages."""
+    lock: str | None = None
+    """The runner holding the folder, if any ('pid N since ...')."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "out": str(self.out), "total": self.total, "done": self.done,
+                "by_kind": self.by_kind, "in_work": self.in_work, "next": self.next,
+                "remaining_s": self.remaining_s, "spent_s": self.spent_s, "lock": self.lock}
+
+    def to_text(self) -> str:
+        lines = [f"study {self.name} in {self.out}: {self.done}/{self.total} stages finished; "
+                 f"{format_duration(self.spent_s)} spent, about {format_duration(self.remaining_s)} to go"]
+        lines.append(f"runner: {self.lock or 'none running'}")
+        for kind, c in self.by_kind.items():
+            lines.append(f"  {kind:<9} {c['done']:>4}/{c['total']:<4}")
+        for w in self.in_work:
+            lines.append(f"  in progress: {w['label']}" + (f" ({w['progress']})" if w.get("progress") else ""))
+        if self.next:
+            lines.append("  next: " + "; ".join(self.next))
+        return "\n".join(lines)
+
+
+def _work_progress(folder: Path, kind: str) -> str | None:
+    """A short description of what an interrupted / running stage already has."""
+    if kind in ("pretrain", "distill"):
+        ckpts = sorted((folder / "run" / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+        metrics = folder / "run" / "metrics.jsonl"
+        last = None
+        if metrics.is_file():
+            lines = [json.loads(x) for x in metrics.read_text(encoding="utf-8").splitlines() if x.strip()]
+            last = max((r["step"] for r in lines), default=None)
+        parts = []
+        if last is not None:
+            parts.append(f"logged step {last}")
+        if ckpts:
+            parts.append(f"checkpoint {ckpts[-1].name}")
+        return ", ".join(parts) or None
+    if kind == "store":
+        manifest = folder / "store" / "manifest.json"
+        if manifest.is_file():
+            doc = json.loads(manifest.read_text(encoding="utf-8"))
+            return f"{doc.get('num_samples', 0)} samples committed"
+    return None
+
+
+def status(cfg: StudyConfig, out: Path) -> StudyStatus:
+    """The status of study ``cfg`` in folder ``out``."""
+    out = Path(out)
+    plan = build_plan(cfg, lookup=lambda key: read_record(out, key))
+    st = StudyStatus(name=cfg.study.name, out=out, total=len(plan.nodes), done=0)
+    todo = []
+    for node in plan.nodes:
+        counts = st.by_kind.setdefault(node.kind, {"done": 0, "total": 0})
+        counts["total"] += 1
+        record = None if node.pending else read_record(out, node)
+        if record is not None:
+            counts["done"] += 1
+            st.done += 1
+            st.spent_s += record.get("wall_s", 0.0)
+            continue
+        todo.append(node)
+        work = out / "work" / node.folder
+        if not node.pending and work.is_dir() and not (stage_dir(out, node) / STAGE_RECORD).is_file():
+            st.in_work.append({"label": node.label, "folder": node.folder,
+                               "progress": _work_progress(work, node.kind)})
+    st.next = [n.label for n in todo[:3]]
+    st.remaining_s = estimate_seconds(todo, measured_rates(out, plan))
+    lock = out / ".lock"
+    if lock.is_file():
+        import fcntl
+
+        with open(lock, encoding="utf-8") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            except OSError:
+                st.lock = fh.read().strip() or "a runner"
+    return st
