@@ -1,0 +1,74 @@
+"""Study files: parsing into typed sections, relative paths, and errors that name file, section and key."""
+
+from __future__ import annotations
+
+import pytest
+
+from osprey_data.errors import ConfigError
+from osprey_train.study.config import load_study
+from tests.helpers.tiny_study import write_tiny_study
+
+
+@pytest.fixture()
+def spec(tmp_path):
+    return write_tiny_study(tmp_path / "spec", tmp_path / "model")
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_a_study_file_parses_into_typed_sections(spec):
+    cfg = load_study(spec)
+    assert cfg.study.name == "tiny" and cfg.study.threads == 1
+    assert [d.name for d in cfg.domains] == ["chat", "math"]
+    assert cfg.domains[0].train == spec.parent / "data" / "chat.train.jsonl"   # relative to the study file
+    assert cfg.corpus.files == [spec.parent / "data" / "corpus.jsonl"]
+    assert [(a.name, a.arch, a.stage2, a.seeds) for a in cfg.arms] == [
+        ("osprey", "osprey", "plain", [0, 1]), ("eagle3", "eagle3", "none", [0]), ("osprey-kd", "osprey", "kd", [0])]
+    assert cfg.distill.draft_vocab == 128 and isinstance(cfg.pretrain.lr, float)
+    assert cfg.live.arm == "best" and cfg.report.roles == {"osprey": "osprey", "eagle3": "eagle3",
+                                                           "osprey_kd": "osprey-kd"}
+    assert cfg.arm_domains(cfg.arm("eagle3")) == ["chat", "math"]
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("[distill]\nsteps = 2", "[distill]\nsetps = 2", r"tiny.toml: \[distill\]: unknown key 'setps' \(known: steps,"),
+    ("[distill]\nsteps = 2", "[distill]\nsteps = \"two\"", r"\[distill\] steps: expected an integer, got 'two'"),
+    ("lr = 3e-3\nttt_steps", "lr = -1.0\nttt_steps", r"\[distill\]: lr must be > 0"),
+    ("[[arms]]\nname = \"eagle3\"\narch = \"eagle3\"\nstage2 = \"none\"",
+     "[[arms]]\nname = \"eagle3\"\narch = \"eagle3\"\nstage2 = \"plain\"",
+     r"\[\[arms\]\] #2 'eagle3': stage2 applies to osprey arms"),
+    ("arch = \"eagle3\"", "arch = \"medusa\"", r"\[\[arms\]\] #2 'eagle3': arch must be one of"),
+    ("train = \"data/math.train.jsonl\"", "train = \"data/nope.jsonl\"",
+     r"\[\[domains\]\] #2 'math': train: prompt file .*nope.jsonl does not exist"),
+    ("name = \"math\"", "name = \"chat\"", r"\[\[domains\]\] names repeat"),
+    ("osprey_kd = \"osprey-kd\"", "osprey_kd = \"osprey-kd2\"", r"\[report.roles\]: osprey_kd = 'osprey-kd2' names no arm"),
+    ("osprey_kd = \"osprey-kd\"", "osprey_kdd = \"osprey-kd\"", r"roles: unknown role 'osprey_kdd'"),
+    ("arm = \"best\"", "arm = \"eagle4\"\ndomain = \"chat\"", r"\[live\]: arm 'eagle4' is not one of the \[\[arms\]\]"),
+    ("seeds = [0, 1]", "seeds = [1, 1]", r"seeds must be a non-empty list without repeats"),
+    ("threads = 1", "threads = \"many\"", r"\[study\]: threads must be 'auto' or an integer"),
+    ("[eval]", "[evaluation]", r"unknown section \[evaluation\]"),
+])
+def test_errors_name_the_file_the_section_and_the_key(spec, old, new, message):
+    _edit(spec, old, new)
+    with pytest.raises(ConfigError, match=message):
+        load_study(spec)
+
+
+def test_missing_sections_and_bad_toml(spec, tmp_path):
+    text = spec.read_text()
+    (tmp_path / "no-arms.toml").write_text(text.split("[[arms]]")[0])
+    with pytest.raises(ConfigError, match=r"no-arms.toml: missing \[\[arms\]\] entries"):
+        load_study(tmp_path / "no-arms.toml")
+    (tmp_path / "broken.toml").write_text("[study\nname = 1\n")
+    with pytest.raises(ConfigError, match=r"broken.toml: not valid TOML"):
+        load_study(tmp_path / "broken.toml")
+    with pytest.raises(ConfigError, match=r"cannot read the study file"):
+        load_study(tmp_path / "absent.toml")
+    _edit(spec, "[corpus]\nfiles = [\"data/corpus.jsonl\"]\n", "")
+    with pytest.raises(ConfigError, match=r"\[\[arms\]\] #1 'osprey': stage2 = 'plain' needs a \[corpus\] section"):
+        load_study(spec)

@@ -1,0 +1,71 @@
+"""Stage keys and order: shared stages, what changes a key and what does not, machine independence."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from osprey_train.study.config import load_study
+from osprey_train.study.plan import build_plan
+from tests.helpers.tiny_study import write_tiny_study
+
+
+@pytest.fixture()
+def spec(tmp_path, tiny_llama_dir):
+    return write_tiny_study(tmp_path / "spec", tiny_llama_dir)
+
+
+def _keys(path):
+    plan = build_plan(load_study(path))
+    return plan, {(n.kind, n.label): n.key for n in plan.nodes}
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_order_shares_stages_and_puts_the_main_comparison_first(spec):
+    plan, _ = _keys(spec)
+    kinds = [n.kind for n in plan.nodes]
+    assert kinds[:9] == ["model", "prompts", "prompts", "prompts", "prompts", "store", "store", "store", "store"]
+    keys = [n.key for n in plan.nodes]
+    assert len(set(keys)) == len(keys)                              # every stage once
+    assert plan.live is plan.nodes[-1] and plan.live.pending         # 'best' is chosen after the cells
+    # both Osprey seeds and the KD arm share the stores; the Osprey seeds share one Stage-2 backbone
+    o0, o1 = plan.drafters["osprey", 0, "chat"], plan.drafters["osprey", 1, "chat"]
+    assert o0.deps["store"] is o1.deps["store"] is plan.drafters["eagle3", 0, "chat"].deps["store"]
+    assert o0.deps["init"].deps["backbone"] is o1.deps["init"].deps["backbone"] is plan.pretrain["plain"]
+    assert plan.pretrain["kd"].deps["teacher"] is plan.nodes[0]      # the source (= the target) teaches
+    # seed round 0 of every arm before round 1
+    order = [(n.arm, n.seed) for n in plan.nodes if n.kind == "distill"]
+    assert order.index(("osprey", 1)) > max(order.index(("eagle3", 0)), order.index(("osprey-kd", 0)))
+    # each drafter's matrix row right after it: every eval domain
+    assert {k[3] for k in plan.cells if k[:3] == ("osprey", 0, "chat")} == {"chat", "math"}
+
+
+def test_what_changes_a_key(spec):
+    _, base = _keys(spec)
+    _edit(spec, "lr = 3e-3\nttt_steps", "lr = 1e-3\nttt_steps")              # the distillation lr
+    _, lr = _keys(spec)
+    changed = {k for k in base if base[k] != lr.get(k)}
+    assert changed and {kind for kind, _ in changed} == {"distill", "eval"}
+    _edit(spec, "batch_size = 4\nshard_tokens = 64", "batch_size = 2\nshard_tokens = 32")  # operational only
+    _, op = _keys(spec)
+    assert op == lr
+    math = spec.parent / "data" / "math.train.jsonl"
+    math.write_text(math.read_text().replace("Two plus two", "2 + 2"))       # prompt content
+    _, content = _keys(spec)
+    changed = {label for (kind, label) in op if op[kind, label] != content.get((kind, label))}
+    assert "store math train" in changed and "store chat train" not in changed
+    assert "stage 2 (next-token prediction)" not in changed                 # Stage 2 is target-agnostic
+
+
+def test_keys_do_not_depend_on_where_the_files_are(spec, tmp_path):
+    _, here = _keys(spec)
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(spec.parent, moved)
+    _, there = _keys(moved / spec.name)
+    assert here == there

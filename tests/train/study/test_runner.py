@@ -1,0 +1,161 @@
+"""The study runner end to end on the tiny preset: every stage, reuse, a SIGKILL inside a stage and
+an exact resume, the lock, status, the report files and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from osprey_cli.main import cli
+from osprey_data.errors import StudyBusyError
+from osprey_train.study.config import load_study
+from osprey_train.study.plan import build_plan
+from osprey_train.study.report import ReportConfig
+from osprey_train.study.report import run as report
+from osprey_train.study.results import collect
+from osprey_train.study.runner import StudyRunConfig, read_record, run, stage_dir
+from osprey_train.study.runner import _locked as study_lock
+from osprey_train.study.status import status
+from tests.helpers.tiny_study import write_tiny_study
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_llama_dir):
+    """The tiny study run once, uninterrupted."""
+    tmp = tmp_path_factory.mktemp("study")
+    path = write_tiny_study(tmp / "spec", tiny_llama_dir)
+    cfg = load_study(path)
+    result = run(StudyRunConfig(study=cfg, out=tmp / "out", progress=False))
+    return cfg, tmp / "out", result
+
+
+def test_every_stage_runs_once_and_is_complete(finished):
+    cfg, out, result = finished
+    plan = result.plan
+    assert len(result.ran) == len(plan.nodes) and result.reused == 0
+    assert not list((out / "work").iterdir())                  # nothing half-done left behind
+    kinds = [n.kind for n in plan.nodes]
+    assert kinds.count("store") == 4 and kinds.count("pretrain") == 2 and kinds.count("live") == 1
+    # shared stages: two Osprey seeds and the KD arm read the same stores and the same backbone
+    assert kinds.count("distill") == 2 * (2 + 1 + 1) and kinds.count("eval") == 2 * 2 * 4
+    for node in plan.nodes:
+        record = read_record(out, node)
+        assert record["key"] == node.key and record["wall_s"] >= 0 and record["threads"] == 1
+        assert "commit" in record["code_version"] or record["code_version"]["package"]
+    # finished training stages keep their final output, not their checkpoints
+    for node in plan.drafters.values():
+        assert (stage_dir(out, node) / "run" / "final" / "config.json").is_file()
+        assert not (stage_dir(out, node) / "run" / "checkpoints").exists()
+    live = read_record(out, plan.live)["result"]
+    assert live["greedy_identical"] == live["num_prompts"] == 2
+    # 'best' = the highest in-domain cell
+    best = max(((k, read_record(out, n)["result"]["overall"]) for k, n in plan.cells.items() if k[2] == k[3]),
+               key=lambda kv: (kv[1], kv[0]))
+    assert (plan.live.arm, plan.live.seed, plan.live.domain) == best[0][:3]
+
+
+def test_a_rerun_reuses_everything(finished):
+    cfg, out, _ = finished
+    again = run(StudyRunConfig(study=cfg, out=out, progress=False))
+    assert again.ran == [] and again.reused == len(again.plan.nodes)
+
+
+def test_killed_inside_a_stage_resumes_to_identical_results(finished, tmp_path):
+    cfg, reference, _ = finished
+    out = tmp_path / "killed"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OSPREY_TEST_KILL_IN="distill:1")
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.killable_study", "osprey_cli.main", "study", "run",
+                           str(cfg.path), "--out", str(out), "--no-progress"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stdout[-2000:] + proc.stderr[-2000:]
+    plan = build_plan(cfg)
+    first = next(n for n in plan.nodes if n.kind == "distill")
+    work = out / "work" / first.folder
+    assert (work / "run" / "checkpoints" / "step-1").is_dir()     # killed after step 1 of 2
+    assert not stage_dir(out, first).exists()                     # ... so the stage is absent, not partial
+    before = status(cfg, out)
+    assert before.in_work and "checkpoint step-1" in before.in_work[0]["progress"] and before.lock is None
+    resumed = run(StudyRunConfig(study=cfg, out=out, progress=False))
+    assert read_record(out, first)["resumed"] is True
+    assert resumed.reused == before.done and not list((out / "work").iterdir())
+    a = load_file(str(stage_dir(reference, first) / "run" / "final" / "model.safetensors"))
+    b = load_file(str(stage_dir(out, first) / "run" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = collect(cfg, reference), collect(cfg, out)
+    assert ra["cells"] == rb["cells"] and ra["stage2"]["plain"]["curve"] == rb["stage2"]["plain"]["curve"]
+    assert ra["live"]["acceptance_length"] == rb["live"]["acceptance_length"]
+    evals = lambda r: [[e["accept_len"] for e in c["eval"]] for c in r["curves"]]  # noqa: E731
+    assert evals(ra) == evals(rb)
+
+
+def test_one_runner_per_folder(finished, tmp_path):
+    cfg, _, _ = finished
+    with study_lock(tmp_path / "busy"):
+        with pytest.raises(StudyBusyError, match="another `osprey study run` is working"):
+            run(StudyRunConfig(study=cfg, out=tmp_path / "busy", progress=False))
+        assert "pid" in status(cfg, tmp_path / "busy").lock
+
+
+def test_status_and_report_of_the_finished_study(finished, tmp_path):
+    cfg, out, _ = finished
+    st = status(cfg, out)
+    assert st.done == st.total and st.remaining_s == 0 and not st.in_work
+    result = report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "report"))
+    names = {p.name for p in result.files}
+    assert names >= {"results.json", "matrix.md", "README.md", "heatmap-osprey.png", "heatmap-eagle3.png",
+                     "ratio.png", "curves.png", "stage2.png"}
+    doc = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert doc["progress"]["done"] == doc["progress"]["stages"]
+    assert len(doc["cells"]) == 16 and {c["arm"] for c in doc["cells"]} == {"osprey", "eagle3", "osprey-kd"}
+    assert doc["matrices"]["osprey"]["seeds"] == [0, 1] and set(doc["stage2"]) == {"plain", "kd"}
+    assert doc["stage2"]["kd"]["teacher_ppl"] > 0 and doc["stage2"]["plain"]["curve"][0]["tokens"] == 0
+    assert doc["code_version"] and doc["settings"]["distill"]["draft_vocab"] == 128
+    claims = {c["id"]: c for c in doc["claims"]}
+    assert claims["mean_ratio"]["verdict"] in ("held", "not held", "within noise")
+    assert claims["low_lr"]["verdict"] == "not measured"     # the tiny preset has no lr/10 arms
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert "## The paper's claims at this scale" in readme and "All 46 stages finished." in readme
+    md = (tmp_path / "report" / "matrix.md").read_text()
+    assert "## Osprey / EAGLE-3 per cell" in md and "Seed 1:" in md
+    # the report is a function of the folder: a second one gives the same documents
+    again = report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "report2"))
+    for name in ("matrix.md", "README.md"):
+        assert (again.dir / name).read_text() == (tmp_path / "report" / name).read_text()
+
+
+def test_partial_study_reports_what_is_missing(finished, tmp_path):
+    cfg, _, _ = finished
+    out = tmp_path / "partial"
+    run(StudyRunConfig(study=cfg, out=out, progress=False, max_stages=12))
+    st = status(cfg, out)
+    assert st.done == 12 and st.remaining_s > 0 and st.next
+    result = report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "r"))
+    assert f"Partial results: 12 of {st.total} stages finished" in (result.dir / "README.md").read_text()
+    assert {c["verdict"] for c in result.results["claims"]} <= {"not measured"}
+
+
+def test_cli_run_status_report(finished, tmp_path):
+    cfg, out, _ = finished
+    runner = CliRunner()
+    res = runner.invoke(cli, ["study", "run", str(cfg.path), "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "0 stages run, 46 reused" in res.output
+    res = runner.invoke(cli, ["study", "status", str(cfg.path), "--out", str(out), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["done"] == 46
+    res = runner.invoke(cli, ["study", "report", str(cfg.path), "--out", str(out), "--dir", str(tmp_path / "r")])
+    assert res.exit_code == 0 and "report of 46/46 stages" in res.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[study]\nname = "x"\n[target]\nmodel = "m"\n[[domains]]\nname = "a"\ntrain = "nope.jsonl"\n'
+                   '[[arms]]\nname = "o"\narch = "osprey"\nstage2 = "none"\n')
+    res = runner.invoke(cli, ["study", "run", str(bad), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "bad.toml: [[domains]] #1 'a': train: prompt file" in res.output
