@@ -546,8 +546,9 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
 
 
 def load_study(path: str | Path) -> StudyConfig:
-    """Read and check a study file."""
-    path = Path(path).resolve()
+    """Read and check a study file (relative paths in it are relative to the folder it is named in;
+    a symlinked study file is read where the link is, not where it points)."""
+    path = Path(path).absolute()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -9,10 +9,10 @@ corpus, a local model) enter the key through their content digest, not their pat
 are the same on every machine. Operational settings (batch size of a build, checkpoint period,
 threads) are not part of the key.
 
-The order is the order of work: the stores of every domain first, then for each round of seeds
-every arm's drafters domain by domain (convert, distill, its row of the matrix), so the main
-comparison is complete before the ablations and the second seeds start; the live run comes
-last. A ``live`` stage on the 'best' drafter can only be defined once the in-domain cells exist:
+The order is the order of work: the stores of every domain first, then the arms in the order the
+study file lists them, each seed by seed and domain by domain (convert, distill, its row of the
+matrix), so listing the main comparison first (Osprey and EAGLE-3 with their seeds) finishes it,
+noise figure included, before the ablations start; the live run comes last. A ``live`` stage on the 'best' drafter can only be defined once the in-domain cells exist:
 until then it is a pending node the runner resolves when it gets there.
 """
 
@@ -268,12 +268,8 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
                           seed=seed, domain=domain, eval_domain=eval_domain,
                           cost=n * ev.draft_steps * _arm_factor(cfg, arm) / 10))
 
-    rounds = max(len(a.seeds) for a in cfg.arms)
-    for r in range(rounds):
-        for arm in cfg.arms:
-            if r >= len(arm.seeds):
-                continue
-            seed = arm.seeds[r]
+    for arm in cfg.arms:
+        for seed in arm.seeds:
             backbone = None
             if arm.arch == "osprey":
                 backbone = prune if arm.stage2 == "none" else pretrain.get(arm.stage2) or stage2(arm.stage2)

@@ -39,9 +39,10 @@ def test_order_shares_stages_and_puts_the_main_comparison_first(spec):
     assert o0.deps["store"] is o1.deps["store"] is plan.drafters["eagle3", 0, "chat"].deps["store"]
     assert o0.deps["init"].deps["backbone"] is o1.deps["init"].deps["backbone"] is plan.pretrain["plain"]
     assert plan.pretrain["kd"].deps["teacher"] is plan.nodes[0]      # the source (= the target) teaches
-    # seed round 0 of every arm before round 1
-    order = [(n.arm, n.seed) for n in plan.nodes if n.kind == "distill"]
-    assert order.index(("osprey", 1)) > max(order.index(("eagle3", 0)), order.index(("osprey-kd", 0)))
+    # arms in the file's order, each seed by seed and domain by domain
+    order = [(n.arm, n.seed, n.domain) for n in plan.nodes if n.kind == "distill"]
+    assert order == [(a, s, d) for a, seeds in (("osprey", (0, 1)), ("eagle3", (0,)), ("osprey-kd", (0,)))
+                     for s in seeds for d in ("chat", "math")]
     # each drafter's matrix row right after it: every eval domain
     assert {k[3] for k in plan.cells if k[:3] == ("osprey", 0, "chat")} == {"chat", "math"}
 
