@@ -12,7 +12,8 @@ run over that file see exactly the same prompt ids::
 from __future__ import annotations
 
 from osprey_data.conversation.chat_template import ChatRenderer, RenderedSample, stop_token_ids
-from osprey_data.conversation.inputs import InputSample, iter_inputs, normalize_record, stable_id
+from osprey_data.conversation.inputs import InputSample, iter_inputs, normalize_record, read_records, stable_id
 
 __all__ = ["ChatRenderer", "RenderedSample", "stop_token_ids", "InputSample", "iter_inputs", "normalize_record",
+           "read_records",
            "stable_id"]

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from osprey_data import jsonio
 from osprey_data.errors import InputError
 
-__all__ = ["InputSample", "iter_inputs", "normalize_record", "ROLE_ALIASES", "stable_id"]
+__all__ = ["InputSample", "iter_inputs", "normalize_record", "read_records", "ROLE_ALIASES", "stable_id"]
 
 # ShareGPT and friends use other role names; everything maps onto four roles.
 ROLE_ALIASES = {
@@ -217,6 +217,23 @@ def _reader_for(path: Path) -> Callable[[Path], Iterator[RawRecord]]:
         raise InputError(f"{path}: unsupported input type {suffix!r}; use .jsonl, .json, .parquet "
                          f"or a saved `datasets` folder")
     return READERS[suffix]
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The raw records of one input (any format above), in order, unnormalized: for selecting
+    prompts and writing them back as JSONL. A malformed record is an :class:`InputError` naming
+    file:line."""
+    path = Path(path)
+    records = []
+    for label, line, record, error in _reader_for(path)(path):
+        if error is not None:
+            raise error
+        if not isinstance(record, dict):
+            raise InputError(f"{label}:{line}: expected a JSON object (one record), got {type(record).__name__}")
+        records.append(record)
+    if not records:
+        raise InputError(f"{path}: no records")
+    return records
 
 
 def _has_explicit_id(record: Any) -> bool:

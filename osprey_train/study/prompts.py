@@ -13,28 +13,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from osprey_data.conversation import read_records
 from osprey_data.errors import InputError
 
-__all__ = ["read_prompt_records", "sample_prompts", "split_prompts"]
-
-
-def read_prompt_records(path: str | Path) -> list[dict]:
-    """The JSON objects of a JSONL prompt file; a bad line is an :class:`InputError` naming file:line."""
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise InputError(f"{path}:{line_no}: expected a JSON object")
-            records.append(record)
-    if not records:
-        raise InputError(f"{path}: no prompts")
-    return records
+__all__ = ["sample_prompts", "split_prompts"]
 
 
 def sample_prompts(records: list[dict], n: int, seed: int) -> list[dict]:
@@ -51,7 +33,7 @@ def sample_prompts(records: list[dict], n: int, seed: int) -> list[dict]:
 def split_prompts(path: str | Path, train_n: int, eval_n: int) -> tuple[list[dict], list[dict]]:
     """Held-out eval prompts = the last ones of each domain; both picked round-robin over domains."""
     by_domain: dict[str, list[dict]] = defaultdict(list)
-    for record in read_prompt_records(path):
+    for record in read_records(path):
         by_domain[str(record.get("domain") or "default")].append(record)
     trains = {d: list(v) for d, v in by_domain.items()}
 

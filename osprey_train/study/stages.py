@@ -27,6 +27,7 @@ from typing import Any
 from osprey_data.atomic import write_json
 from osprey_data.builder import BuildConfig
 from osprey_data.builder import run as build
+from osprey_data.conversation import read_records
 from osprey_data.corpus import TokenizeCorpusConfig
 from osprey_data.corpus import run as tokenize_corpus
 from osprey_data.errors import InputError
@@ -47,7 +48,7 @@ from osprey_train.stages.prune import PruneConfig
 from osprey_train.stages.prune import run as prune
 from osprey_train.study.config import PYPI_SMOLLM2, ModelSection, StudyConfig
 from osprey_train.study.plan import Node
-from osprey_train.study.prompts import read_prompt_records, sample_prompts, split_prompts
+from osprey_train.study.prompts import sample_prompts, split_prompts
 from osprey_train.trainer import LoopConfig
 
 __all__ = ["EXECUTORS", "Inputs", "StageContext", "output_path", "resolve_model"]
@@ -114,7 +115,7 @@ def _prompts(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
     domain, split = node.payload
     s = node.settings
     if s["mode"] == "sample":
-        picked = sample_prompts(read_prompt_records(domain.train if split == "train" else domain.eval),
+        picked = sample_prompts(read_records(domain.train if split == "train" else domain.eval),
                                 s["samples"], s["seed"])
     else:
         train, held_out = split_prompts(domain.train, s.get("samples", 1), s["eval_samples"])

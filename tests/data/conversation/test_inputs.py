@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from osprey_data.conversation.inputs import iter_inputs, stable_id
+from osprey_data.conversation.inputs import iter_inputs, read_records, stable_id
 from osprey_data.errors import InputError
 from tests.data.conftest import write_jsonl
 
@@ -58,6 +58,19 @@ def test_json_parquet_and_datasets_folder(tmp_path):
         got = list(iter_inputs([str(tmp_path / name)]))
         assert [s.sample_id for s in got] == ["r0", "r1", "r2"], name
         assert got[2].conversation == [{"role": "user", "content": "question 2"}]
+        assert read_records(tmp_path / name) == recs, name        # raw, unnormalized, in order
+
+
+def test_read_records_errors_name_file_and_line(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"id": 1}\n\n[1, 2]\n')
+    with pytest.raises(InputError, match=r"a.jsonl:3: expected a JSON object"):
+        read_records(tmp_path / "a.jsonl")
+    (tmp_path / "b.jsonl").write_text('{"id": 1}\n{oops\n')
+    with pytest.raises(InputError, match=r"b.jsonl:2: not valid JSON"):
+        read_records(tmp_path / "b.jsonl")
+    (tmp_path / "c.jsonl").write_text("\n")
+    with pytest.raises(InputError, match=r"c.jsonl: no records"):
+        read_records(tmp_path / "c.jsonl")
 
 
 @pytest.mark.parametrize("bad, needle", [
