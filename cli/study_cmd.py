@@ -29,7 +29,9 @@ def _load(study_file: Path, out: Path | None):
 def run(study_file: Path, out: Path | None, cache: str | None, progress: bool) -> None:
     """Run every stage of STUDY_FILE not finished yet (rerun the same command to continue).
 
-    Example: osprey study run studies/smollm2-cpu.toml --out /data/studies/smollm2-cpu
+    \b
+    Example:
+      osprey study run studies/smollm2-cpu.toml --out study-runs/smollm2-cpu
     """
     from osprey_train.study.runner import StudyRunConfig
     from osprey_train.study.runner import run as run_study
@@ -47,7 +49,9 @@ def run(study_file: Path, out: Path | None, cache: str | None, progress: bool) -
 def status(study_file: Path, out: Path | None, as_json: bool) -> None:
     """How far the study is: stages finished per kind, the one in progress, time to go.
 
-    Example: osprey study status studies/smollm2-cpu.toml --out /data/studies/smollm2-cpu
+    \b
+    Example:
+      osprey study status studies/smollm2-cpu.toml --out study-runs/smollm2-cpu
     """
     from osprey_train.study.status import status as study_status
 
@@ -64,7 +68,9 @@ def status(study_file: Path, out: Path | None, as_json: bool) -> None:
 def report(study_file: Path, out: Path | None, report_dir: Path | None) -> None:
     """Write results.json, matrix.md, heatmaps, curves and README.md from the study folder.
 
-    Example: osprey study report studies/smollm2-cpu.toml --out /data/studies/smollm2-cpu
+    \b
+    Example:
+      osprey study report studies/smollm2-cpu.toml --out study-runs/smollm2-cpu
     """
     from osprey_train.study.report import ReportConfig
     from osprey_train.study.report import run as run_report
