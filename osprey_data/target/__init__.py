@@ -7,6 +7,7 @@ target) and the trainer (which converts, distills, evaluates and exports drafter
     TapLayers, default_tap_layers        tapped hidden states, with the SGLang / vLLM numbering
     load_hf_target, resolve_device       loading with transformers, device choice
     check_compatible                     a drafter against a store's or a live target
+    TapCapture, decoder_layers           tapped hidden states taken with hooks during a forward
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from osprey_data.target.identity import (TargetIdentity, chat_template_hash, con
                                          text_config, tokenizer_hash)
 from osprey_data.target.loading import (check_target_exists, load_hf_target, peek_num_layers, resolve_device,
                                         split_gguf)
+from osprey_data.target.tap_capture import TapCapture, decoder_layers
 from osprey_data.target.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers
 
 __all__ = [
     "TargetIdentity", "identify_target", "config_hash", "tokenizer_hash", "chat_template_hash", "text_config",
     "TapLayers", "TAP_CONVENTIONS", "default_tap_layers",
     "load_hf_target", "resolve_device", "split_gguf", "check_target_exists", "peek_num_layers",
-    "check_compatible", "DrafterTargetSpec",
+    "check_compatible", "DrafterTargetSpec", "TapCapture", "decoder_layers",
 ]

@@ -5,8 +5,8 @@ samples from its own ``torch.Generator`` (seeded per sample and turn): a sample 
 tokens whatever batch or worker it lands in. Rows that finish leave the batch and the KV cache
 (``Cache.reorder_cache``), so a long answer does not make the short ones pay for its steps. Features come from one prefill of the final
 sequences (right padding, which causal attention never sees from real positions) with
-forward pre-hooks on the decoder layers: the input of layer i is exactly HF's
-``hidden_states[i]``; tap ``L`` is the post-norm last hidden state, as in HF. Logits are
+forward pre-hooks on the decoder layers (:class:`~osprey_data.target.TapCapture`): the input of
+layer i is exactly HF's ``hidden_states[i]``; tap ``L`` is the post-norm last hidden state, as in HF. Logits are
 computed only for real (unpadded) positions, in chunks, through the model's own output head —
 checked once at start-up against the full model's logits so that models with extra logit
 processing are never silently mis-handled.
@@ -27,7 +27,7 @@ from osprey_data.builder.backends.base import (
 )
 from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import ConfigError, ModelError
-from osprey_data.target import identify_target, load_hf_target, resolve_device, text_config
+from osprey_data.target import TapCapture, decoder_layers, identify_target, load_hf_target, resolve_device, text_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
@@ -45,19 +45,6 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
     return _DTYPES[name]
-
-
-def decoder_layers(model: Any) -> torch.nn.ModuleList:
-    """The decoder-layer list of a causal LM (``model.model.layers`` for Llama/Qwen/Gemma)."""
-    num_layers = int(text_config(model.config).num_hidden_layers)
-    base = getattr(model, "base_model", model)
-    layers = getattr(base, "layers", None)
-    if isinstance(layers, torch.nn.ModuleList) and len(layers) == num_layers:
-        return layers
-    for module in base.modules():  # other layouts: the one ModuleList of the right length
-        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
-            return module
-    raise ModelError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
 
 
 def sample_next(logits_BV: torch.Tensor, params: SamplingParams,
@@ -214,9 +201,7 @@ class HFBackend(TargetBackend):
                  final_hidden: bool) -> list[SequenceFeatures]:
         if not sequences:
             return []
-        L = self.num_layers
-        if any(not 0 <= i <= L for i in taps):
-            raise ConfigError(f"tap ids {list(taps)} must be in [0, {L}] for this {L}-layer target")
+        capture = TapCapture(self.model, taps, layers=self.layers)
         B = len(sequences)
         lens = [int(len(s)) for s in sequences]
         T = max(lens)
@@ -227,21 +212,9 @@ class HFBackend(TargetBackend):
             mask_BT[b, : lens[b]] = 1
         ids_BT, mask_BT = ids_BT.to(self.device), mask_BT.to(self.device)
 
-        captured: dict[int, torch.Tensor] = {}
-
-        def capture(layer_idx: int):
-            def hook(_module: Any, args: tuple, kwargs: dict) -> None:
-                captured[layer_idx] = args[0] if args else kwargs["hidden_states"]
-            return hook
-
-        handles = [self.layers[i].register_forward_pre_hook(capture(i), with_kwargs=True)
-                   for i in sorted(set(taps)) if i < L]
-        try:
+        with capture:  # tap L (the post-norm last state) is the base model's output, as in HF
             last_BTD = self.base(input_ids=ids_BT, attention_mask=mask_BT, use_cache=False).last_hidden_state
-        finally:
-            for h in handles:
-                h.remove()
-        taps_BTLD = torch.stack([captured[i] if i < L else last_BTD for i in taps], dim=2)
+        taps_BTLD = capture.stacked(dim=2)
 
         # Top-k over the full softmax, only at real positions, a chunk of tokens at a time.
         real_N = mask_BT.reshape(-1).bool()
