@@ -60,10 +60,12 @@ class DrafterSession:
             raise ModelError("drafter's draft_to_target maps to ids beyond the target vocabulary "
                              f"({int(d2t.max())} >= {self.target_vocab_size})")
         self.vocab = VocabMap.from_drafter(None if d2t is None else d2t.to(self.device), self.target_vocab_size)
+        self._draft_to_target = None if d2t is None else d2t.tolist()  # one lookup per draft, no tensor
+        self.attention = KVCacheAttention(self.config.num_layers)
         self.reset()
 
     def reset(self) -> None:
-        self.attention = KVCacheAttention(self.config.num_layers)
+        self.attention.reset()  # keeps its buffers for the next sequence
         self.slots = 0  # slots in the cache with target conditions: slot q = (x_{q+1}, c_q)
 
     @torch.no_grad()
@@ -102,7 +104,7 @@ class DrafterSession:
                 probs_V = probs_from_logits(logits_V, temperature)
                 rows.append(self.vocab.to_target_probs(probs_V, self.target_vocab_size))
                 draft_id = sample_from(probs_V, generator)
-            token = int(self.vocab.to_target(torch.tensor(draft_id, device=self.device)))
+            token = draft_id if self._draft_to_target is None else self._draft_to_target[draft_id]
             drafts.append(token)
             if step + 1 == num_steps:
                 break

@@ -4,9 +4,10 @@ The loop is written against two small interfaces so that the accept/reject logic
 with stub drafters whose logits are fixed, and run for real with an Osprey or EAGLE-3 drafter
 (:mod:`osprey_train.evaluation.live_drafter`):
 
-- :class:`HFTargetSession` wraps a transformers causal LM with a ``DynamicCache``. Its cache
-  always covers the committed tokens except the last one; a verify call feeds
-  ``[last committed, d_1..d_S]`` and the cache is cropped back after acceptance.
+- :class:`~osprey_train.evaluation.target_session.HFTargetSession` wraps a transformers causal LM
+  with a KV cache that rolls back by length. Its cache always covers the committed tokens except
+  the last one; a verify call feeds ``[last committed, d_1..d_S]`` and the cache is cropped back
+  after acceptance.
 - :class:`DraftSession` proposes ``S`` tokens given the committed ids and the target's tapped
   hidden states of the newly committed positions.
 
@@ -23,14 +24,14 @@ Legend: T tokens, L taps, Dt target hidden, S draft steps, V target vocabulary.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from osprey_train.evaluation.target_session import HFTargetSession
 from osprey_train.evaluation.verify import probs_from_logits, sample_from, verify_greedy, verify_sampling
 
 __all__ = [
@@ -91,69 +92,6 @@ class GenerationResult:
         self.accepted.append(min(accepted, len(new_ids)))
 
 
-def _has_sliding_layers(cache: Any) -> bool:
-    return any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", []))
-
-
-class HFTargetSession:
-    """A transformers causal LM with a rollback-able KV cache and hidden-state taps."""
-
-    def __init__(self, model: Any, tap_layers: Sequence[int] = ()) -> None:
-        self.model = model
-        self.tap_layers = tuple(int(i) for i in tap_layers)
-        self.device = next(model.parameters()).device
-        self.cache: Any = None
-        self.length = 0
-        self.forwards = 0
-        # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both generations
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-
-    def reset(self) -> None:
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=self.model.config)
-        # sliding-window layers (Gemma-3) drop old states unless told to keep them for rollback
-        if _has_sliding_layers(self.cache) and hasattr(self.cache, "activate_past_recording"):
-            self.cache.activate_past_recording()
-        self.length = 0
-        self.forwards = 0
-
-    @torch.no_grad()
-    def forward(self, ids: Sequence[int], *, want_taps: bool, positions: Sequence[int] | None = None,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ``ids`` after the cached ones; return float32 logits (T, V) and taps (T, L, Dt).
-
-        ``positions`` (default: consecutive after the cache) and a 4D additive ``attention_mask``
-        over the cache and the new tokens serve tree verification (:mod:`tree_verify`).
-        """
-        num = len(ids)
-        input_ids_BT = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        if positions is None:
-            position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
-        else:
-            position_ids_BT = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids_BT, position_ids=position_ids_BT, use_cache=True,
-                         attention_mask=attention_mask, output_hidden_states=want_taps,
-                         **{self._cache_kw: self.cache})
-        # DynamicCache is updated in place; self.cache stays the live object
-        self.length += num
-        self.forwards += 1
-        taps_TLDt = None
-        if want_taps:
-            taps_TLDt = torch.stack([out.hidden_states[i][0] for i in self.tap_layers], dim=1).float()
-        return out.logits[0].float(), taps_TLDt
-
-    def crop(self, length: int) -> None:
-        """Keep only the first ``length`` cached positions (roll back rejected drafts)."""
-        remove = self.length - length
-        if remove < 0:
-            raise ValueError(f"cannot crop a cache of {self.length} positions to {length}")
-        if remove:
-            self.cache.crop(-remove)  # transformers >= 5: negative = number of tokens to remove
-            self.length = length
-
-
 def _choose(logits_V: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     if temperature <= 0:
         return int(logits_V.argmax())
@@ -169,19 +107,21 @@ def cut_emitted(new_ids: list[int], eos_ids: frozenset[int], room: int) -> tuple
 
 
 def prefill(target: HFTargetSession, drafter, prompt_ids: Sequence[int], *, eos: frozenset[int],
-            temperature: float = 0.0, generator: torch.Generator | None = None,
+            temperature: float = 0.0, generator: torch.Generator | None = None, capacity: int = 0,
             ) -> tuple[list[int], GenerationResult, torch.Tensor]:
     """Reset both sessions and prefill the prompt, as SGLang does before any verify round.
 
     Returns the committed ids (prompt + the first response token), the result so far and the
     target taps of every prompt position (what the drafter's first extend consumes).
+    ``capacity``: positions to preallocate in the target's KV cache (it grows beyond if needed).
     """
     if len(prompt_ids) < 1:
         raise ValueError("speculative decoding needs a non-empty prompt")
-    target.reset()
+    target.reset(capacity=capacity)
     drafter.reset()
     ids = [int(i) for i in prompt_ids]
-    logits_TV, taps_TLDt = target.forward(ids, want_taps=True)
+    # the prefill gives the first response token and the taps of every prompt position
+    logits_TV, taps_TLDt = target.forward(ids, want_taps=True, logits_for=1)
     first = _choose(logits_TV[-1], temperature, generator)
     ids.append(first)
     result = GenerationResult(output_ids=[first])
@@ -197,7 +137,8 @@ def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_
     eos = frozenset(int(i) for i in eos_ids)
     start = time.perf_counter()
     ids, result, new_taps_TLDt = prefill(target, drafter, prompt_ids, eos=eos, temperature=temperature,
-                                         generator=generator)
+                                         generator=generator,
+                                         capacity=len(prompt_ids) + max_new_tokens + num_steps + 1)
     while result.finish_reason != "stop" and len(result.output_ids) < max_new_tokens:
         room = max_new_tokens - len(result.output_ids)
         # drafts past the token budget could never be emitted: don't spend time on them
@@ -231,9 +172,9 @@ def plain_generate(target: HFTargetSession, prompt_ids: Sequence[int], *, max_ne
     """Token-by-token decoding with the target alone (the baseline), KV-cached, no taps."""
     eos = frozenset(int(i) for i in eos_ids)
     start = time.perf_counter()
-    target.reset()
+    target.reset(capacity=len(prompt_ids) + max_new_tokens)
     result = GenerationResult(output_ids=[])
-    logits_TV, _ = target.forward([int(i) for i in prompt_ids], want_taps=False)
+    logits_TV, _ = target.forward([int(i) for i in prompt_ids], want_taps=False, logits_for=1)
     while True:
         token = _choose(logits_TV[-1], temperature, generator)
         result.output_ids.append(token)
@@ -242,7 +183,7 @@ def plain_generate(target: HFTargetSession, prompt_ids: Sequence[int], *, max_ne
             break
         if len(result.output_ids) >= max_new_tokens:
             break
-        logits_TV, _ = target.forward([token], want_taps=False)
+        logits_TV, _ = target.forward([token], want_taps=False, logits_for=1)
     result.seconds = time.perf_counter() - start
     result.target_forwards = target.forwards
     return result

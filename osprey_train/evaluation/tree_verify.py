@@ -108,9 +108,4 @@ def keep_path(target, past: int, path: Sequence[int]) -> None:
     if layers is None or any(getattr(layer, "is_sliding", False) for layer in layers):
         raise ModelError("tree verification needs a transformers DynamicCache without sliding-window layers "
                          "(e.g. Gemma-3 interleaves them); use chain drafting for this target")
-    keep = list(range(past + 1)) + [past + i for i in path]
-    index = torch.tensor(keep, dtype=torch.long, device=target.device)
-    for layer in layers:
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
-    target.length = len(keep)
+    target.keep(past + 1, [past + i for i in path])

@@ -101,53 +101,92 @@ class KVCacheAttention:
     New queries attend to every cached key plus, causally, the keys of their own block. After
     verification, :meth:`truncate` rolls the cache back to the accepted length. All rows of the
     batch share one cache length.
+
+    Cost per call is independent of how long the sequence already is, apart from the attention
+    itself: k/v are written in place into preallocated per-layer buffers (``capacity`` positions,
+    grown by doubling) and attention reads a view of the first ``length`` positions; rolling back
+    only moves the length (no copy, no free); a single new query needs no mask, a block builds
+    its mask once per forward (shared by the layers); GQA heads are not materialised
+    (``enable_gqa``).
     """
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, capacity: int = 0) -> None:
         if num_layers < 1:
             raise ConfigError(f"KVCacheAttention needs num_layers >= 1, got {num_layers}")
         self.num_layers = num_layers
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.capacity = max(int(capacity), 64)
+        self._keys: list[torch.Tensor | None] = [None] * num_layers
+        self._values: list[torch.Tensor | None] = [None] * num_layers
+        self._lengths = [0] * num_layers
+        self._mask: tuple[tuple, torch.Tensor] | None = None
 
     @property
     def length(self) -> int:
         """Tokens cached in layer 0 (all layers agree after every full forward)."""
-        return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
+        return self._lengths[0]
 
     def layer_length(self, layer_idx: int) -> int:
-        k = self.keys[layer_idx]
-        return 0 if k is None else int(k.shape[2])
+        return self._lengths[layer_idx]
+
+    @property
+    def keys(self) -> list[torch.Tensor | None]:
+        """Per layer, the cached keys (B, Hk, length, d) as views (None before the first call)."""
+        return [None if k is None else k[:, :, :n] for k, n in zip(self._keys, self._lengths)]
+
+    @property
+    def values(self) -> list[torch.Tensor | None]:
+        """Per layer, the cached values (B, Hk, length, d) as views (None before the first call)."""
+        return [None if v is None else v[:, :, :n] for v, n in zip(self._values, self._lengths)]
 
     def truncate(self, length: int) -> None:
         """Drop cached positions >= length in every layer (reject draft tokens)."""
         if length < 0:
             raise ConfigError(f"KVCacheAttention.truncate: length must be >= 0, got {length}")
-        for i in range(self.num_layers):
-            if self.keys[i] is not None:
-                if length == 0:
-                    self.keys[i] = self.values[i] = None
-                else:
-                    self.keys[i] = self.keys[i][:, :, :length]
-                    self.values[i] = self.values[i][:, :, :length]
+        self._lengths = [min(n, length) for n in self._lengths]
 
     def reset(self) -> None:
-        """Empty the cache."""
+        """Empty the cache (the buffers are kept for the next sequence)."""
         self.truncate(0)
+
+    def _reserve(self, layer_idx: int, k_BHkTd: torch.Tensor, v_BHkTd: torch.Tensor, end: int) -> None:
+        k = self._keys[layer_idx]
+        if k is not None and k.shape[0] == k_BHkTd.shape[0] and k.dtype == k_BHkTd.dtype \
+                and k.device == k_BHkTd.device and k.shape[2] >= end:
+            return
+        past = self._lengths[layer_idx]
+        if k is not None and past and k.shape[0] != k_BHkTd.shape[0]:
+            raise ConfigError(f"KVCacheAttention: batch changed from {k.shape[0]} to {k_BHkTd.shape[0]} "
+                              "with tokens cached; reset() first")
+        capacity = max(end, self.capacity, 2 * (k.shape[2] if k is not None else 0))
+        for store, new in ((self._keys, k_BHkTd), (self._values, v_BHkTd)):
+            old = store[layer_idx]
+            buf = new.new_empty((new.shape[0], new.shape[1], capacity, new.shape[-1]))
+            if old is not None and past:
+                buf[:, :, :past].copy_(old[:, :, :past])
+            store[layer_idx] = buf
+
+    def _block_mask(self, past: int, new: int, device: torch.device) -> torch.Tensor:
+        """(new, past + new) bool: query i (at position past + i) sees keys 0 .. past + i."""
+        key = (past, new, device)
+        if self._mask is None or self._mask[0] != key:
+            query_pos_T = torch.arange(past, past + new, device=device)
+            key_pos_S = torch.arange(past + new, device=device)
+            self._mask = (key, key_pos_S[None, :] <= query_pos_T[:, None])
+        return self._mask[1]
 
     def __call__(self, layer_idx: int, q_BHTd: torch.Tensor, k_BHkTd: torch.Tensor,
                  v_BHkTd: torch.Tensor) -> torch.Tensor:
-        past = self.layer_length(layer_idx)
-        if self.keys[layer_idx] is None:
-            k_all, v_all = k_BHkTd, v_BHkTd
-        else:
-            k_all = torch.cat([self.keys[layer_idx], k_BHkTd], dim=2)
-            v_all = torch.cat([self.values[layer_idx], v_BHkTd], dim=2)
-        self.keys[layer_idx], self.values[layer_idx] = k_all, v_all
-        batch, _, new, _ = q_BHTd.shape
-        total = past + new
-        # Query i sits at absolute position past + i and sees keys 0 .. past + i.
-        query_pos_T = torch.arange(past, total, device=q_BHTd.device)
-        key_pos_S = torch.arange(total, device=q_BHTd.device)
-        allowed_TS = key_pos_S[None, :] <= query_pos_T[:, None]
-        return masked_attention(q_BHTd, k_all, v_all, allowed_TS[None].expand(batch, new, total))
+        past = self._lengths[layer_idx]
+        new = k_BHkTd.shape[2]
+        end = past + new
+        self._reserve(layer_idx, k_BHkTd, v_BHkTd, end)
+        self._keys[layer_idx][:, :, past:end].copy_(k_BHkTd)
+        self._values[layer_idx][:, :, past:end].copy_(v_BHkTd)
+        self._lengths[layer_idx] = end
+        k_all = self._keys[layer_idx][:, :, :end]
+        v_all = self._values[layer_idx][:, :, :end]
+        # a single new query sees every cached key: no mask at all
+        mask = None if q_BHTd.shape[2] == 1 else self._block_mask(past, new, q_BHTd.device)
+        return F.scaled_dot_product_attention(q_BHTd, k_all, v_all, attn_mask=mask,
+                                              scale=1.0 / math.sqrt(q_BHTd.shape[-1]),
+                                              enable_gqa=q_BHTd.shape[1] != k_all.shape[1])

@@ -61,6 +61,29 @@ def test_kv_cache_truncate_rolls_back_rejected_drafts():
     assert cache.length == 0
 
 
+def test_kv_cache_grows_past_its_capacity_and_rolls_back_without_copies():
+    model = _model("tiny")
+    ids, cond, pos = _inputs(model.config, length=12)
+    with torch.no_grad():
+        full = model.forward_hidden(ids, cond, pos, CausalAttention())
+        cache = KVCacheAttention(model.config.num_layers, capacity=1)  # raised to the minimum, then grown
+        cache.capacity = 3
+        pieces = [model.forward_hidden(ids[:, :2], cond[:, :2], pos[:, :2], cache)]
+        for t in range(2, 12):  # one token at a time: the buffers grow by doubling
+            pieces.append(model.forward_hidden(ids[:, t:t + 1], cond[:, t:t + 1], pos[:, t:t + 1], cache))
+        torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+        pointer = None
+        for _ in range(3):  # draft 4 tokens, reject them: the length moves, the buffers stay
+            model.forward_hidden(ids[:, 8:12], cond[:, 8:12], pos[:, 8:12] + 4, cache)
+            cache.truncate(12)
+            pointer = pointer or cache.keys[0].data_ptr()  # (the first round grew the buffers to 24)
+            assert cache.keys[0].data_ptr() == pointer and cache.keys[0].shape[2] == 12
+        tail = model.forward_hidden(ids[:, 11:12], cond[:, 11:12], pos[:, 11:12] + 1, cache)
+        torch.testing.assert_close(tail, model.forward_hidden(
+            torch.cat([ids, ids[:, 11:12]], 1), torch.cat([cond, cond[:, 11:12]], 1),
+            torch.cat([pos, pos[:, 11:12] + 1], 1), CausalAttention())[:, -1:], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_doc_ids_prevent_cross_document_attention(preset):
     model = _model(preset)
