@@ -1,0 +1,503 @@
+"""Live speculative decoding: the cost of each piece of a round, the acceptance that pays for it,
+and our plain decoding against ``transformers``' ``generate`` — all in one run.
+
+Target: SmolLM2-135M-Instruct from the demo's cache (fetched from PyPI once), or with ``--quick``
+(<= 60 s) a tiny random Llama built on the fly. Batch 1, greedy, CPU. Sections:
+
+1. **plain decoding**: our harness (``spec_decode.plain_generate``) against ``model.generate`` on
+   the same prompts, interleaved and alternating which goes first; tokens/s ratio (goal >= 0.95)
+   and identical outputs.
+2. **costs**, at a fixed context, each the median of interleaved repeats and expressed in plain
+   decode steps (one target forward of one token, the unit): one target forward over ``n`` new
+   tokens with the drafter's taps (the verify of ``S = n - 1`` drafts), n = 1..16; one drafter
+   chain step (the marginal cost of one more draft in ``DrafterSession.propose``: one drafter
+   forward of one token + its LM head), also for the same drafter with a full-vocabulary head.
+3. **speculative decoding** of held-out prompts for S = 1..5 (``--quick``: S = 3) against plain
+   decoding of the same prompts: acceptance length (SGLang's, as ``osprey eval live``), tokens/s
+   ratio end to end, and in the decode phase alone (prefill excluded), which is what the model
+   below predicts. The per-round overhead (drafter extend, taps, verification bookkeeping,
+   Python) is what the measured decode time per round leaves after ``S * draft_step +
+   verify(S + 1)``; the median over S is used.
+4. **model**: a round costs ``S * draft_step + verify(S + 1) + round_overhead`` plain steps and
+   emits AL tokens, so the break-even acceptance length is ``AL*(S)`` = that cost and the
+   predicted decode speedup is ``AL / AL*(S)``. Goal at S = 3: ``AL* <= 1.6``.
+
+The drafter is ``--drafter DIR``, or one built here (and cached in ``--work``): the target pruned
+to 2 blocks (no pre-training), converted with ``--draft-vocab`` from a store of the demo's
+training prompts, distilled ``--distill-steps`` TTT steps. The live prompts are the demo's
+held-out ones. Writes ``live_bench.md``, ``live_bench.png`` (predicted speedup vs acceptance
+length for S = 1..5 with the measured points) and ``live_bench.json`` to ``--out``;
+``--cost-out FILE`` writes the costs in the ``osprey-cost-model`` format
+(``schemas/cost-model.v1.json``). Ends with one ``RESULT key=value ...`` line.
+
+Usage::
+
+    python benchmarks/live_bench.py --quick
+    python benchmarks/live_bench.py --cost-out runs/live_bench/cost.json
+    python benchmarks/live_bench.py --drafter runs/demo/work/distill/final --draft-vocab 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STEPS = (1, 2, 3, 4, 5)
+VERIFY_MAX = 16
+GOAL_HARNESS = 0.95
+GOAL_BREAK_EVEN_S3 = 1.6
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------- setup
+
+
+def tiny_target(work: Path) -> Path:
+    """A random 8-layer Llama (d=256) with a 2048-token tokenizer, built once in ``work``."""
+    from tests.helpers.tiny import make_tiny_llama, make_tiny_tokenizer
+
+    folder = work / "tiny-target"
+    if not (folder / "config.json").is_file():
+        tok = make_tiny_tokenizer(work / "tiny-tok", vocab_size=2048)
+        make_tiny_llama(folder, tok, num_layers=8, hidden_size=256)
+    return folder
+
+
+def make_drafter(args, target: Path, work: Path, train_file: Path) -> Path:
+    """Prune the target to 2 blocks, convert (--draft-vocab) on a store, distill: cached by settings."""
+    from osprey_data.builder import BuildConfig
+    from osprey_data.builder import run as build
+    from osprey_train.stages.convert import ConvertConfig
+    from osprey_train.stages.convert import run as convert
+    from osprey_train.stages.defaults import distill_optim
+    from osprey_train.stages.distill import DistillConfig
+    from osprey_train.stages.distill import run as distill
+    from osprey_train.stages.prune import PruneConfig
+    from osprey_train.stages.prune import run as prune
+    from osprey_train.trainer import LoopConfig
+
+    key = hashlib.sha256(json.dumps([str(target), args.train_prompts, args.store_tokens, args.draft_vocab,
+                                     args.distill_steps, 1]).encode()).hexdigest()[:12]
+    root = work / f"drafter-{key}"
+    final = root / "distill" / "final"
+    if (final / "config.json").is_file():
+        log(f"drafter: cached {final}")
+        return final
+    t0 = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    store = root / "store"
+    if not (root / "store.done").is_file():  # a store from an interrupted run is rebuilt
+        shutil.rmtree(store, ignore_errors=True)
+        log(f"drafter: building a store of {args.train_prompts} prompts x {args.store_tokens} tokens ...")
+        build(BuildConfig(inputs=(str(train_file),), out=str(store), target=str(target), backend="hf",
+                          regenerate=True, max_new_tokens=args.store_tokens, temperature=0.0, topk=32,
+                          hidden_codec="bf16-blosc", batch_size=8, device="cpu", dtype="float32",
+                          max_length=1024, progress=False, num_workers=1, worker_index=0))
+        (root / "store.done").write_text("ok\n")
+    for name in ("backbone", "init", "distill"):
+        shutil.rmtree(root / name, ignore_errors=True)
+    prune(PruneConfig(source=str(target), layers=2, out=root / "backbone"))
+    convert(ConvertConfig(backbone=root / "backbone", target=str(target), store=str(store), out=root / "init",
+                          draft_vocab_size=args.draft_vocab or None))
+    log(f"drafter: distilling {args.distill_steps} TTT steps ...")
+    loop = LoopConfig(out_dir=root / "distill", max_steps=args.distill_steps, device="cpu", seed=0,
+                      progress=False, distributed="none", log_every=max(1, args.distill_steps // 5))
+    distill(DistillConfig(drafter=root / "init", store=str(store), loop=loop,
+                          optim=distill_optim(lr=5e-4 if not args.quick else 3e-3, warmup_ratio=0.1),
+                          ttt_steps=3, tokens_per_batch=256))
+    log(f"drafter: built in {time.perf_counter() - t0:.0f} s -> {final}")
+    return final
+
+
+# ------------------------------------------------------------------------------- sections
+
+
+def plain_section(args, model, target, prompts, eos) -> dict:
+    """Our plain decoding vs model.generate, interleaved, alternating order."""
+    import torch
+
+    from osprey_train.evaluation.spec_decode import plain_generate
+
+    def ours(p):
+        r = plain_generate(target, p, max_new_tokens=args.max_new_tokens, eos_ids=eos)
+        return r.seconds, r.output_ids
+
+    def theirs(p):
+        x = torch.tensor([p])
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0])
+        seconds = time.perf_counter() - t
+        return seconds, out[0, len(p):].tolist()
+
+    ours(prompts[0])  # warm-up
+    theirs(prompts[0])
+    ours_s, theirs_s, tokens, identical = [], [], 0, 0
+    for rep in range(args.repeats):
+        for i, p in enumerate(prompts):
+            if (i + rep) % 2:
+                b, ob = theirs(p)
+                a, oa = ours(p)
+            else:
+                a, oa = ours(p)
+                b, ob = theirs(p)
+            ours_s.append(a)
+            theirs_s.append(b)
+            identical += oa == ob
+            tokens += len(oa)
+    ratio = sum(theirs_s) / sum(ours_s)  # same tokens on both sides: time ratio = tokens/s ratio
+    per_prompt = statistics.median(t / o for t, o in zip(theirs_s, ours_s))
+    log(f"plain decoding: {tokens / sum(ours_s):.1f} tok/s ours vs {tokens / sum(theirs_s):.1f} tok/s generate "
+        f"-> x{ratio:.3f} (median per prompt x{per_prompt:.3f}; goal >= {GOAL_HARNESS}); "
+        f"identical outputs {identical}/{len(ours_s)}")
+    return {"harness_vs_generate": ratio, "harness_vs_generate_median": per_prompt,
+            "harness_tok_s": tokens / sum(ours_s), "generate_tok_s": tokens / sum(theirs_s),
+            "identical": identical, "runs": len(ours_s)}
+
+
+def cost_section(args, target, session, full_session, context_ids) -> dict:
+    """Plain step, verify(n), drafter step (draft vocab and full vocab), medians of interleaved repeats."""
+    ids = list(context_ids)
+    base = len(ids) - 1  # the cache covers every committed token but the last
+    target.reset(capacity=len(ids) + VERIFY_MAX)
+    _, taps = target.forward(ids[:-1], want_taps=True, logits_for=1)
+    for s in (session, full_session):
+        s.reset()
+        s.propose(ids, taps, 1, 0.0, None)  # extend every slot once
+    filler = [ids[(3 * i + 1) % len(ids)] for i in range(VERIFY_MAX)]
+
+    def target_forward(n: int, want_taps: bool):
+        block = [ids[-1], *filler[: n - 1]]
+        t = time.perf_counter()
+        target.forward(block, want_taps=want_taps, logits_for=None if want_taps else 1)
+        seconds = time.perf_counter() - t
+        target.crop(base)
+        return seconds
+
+    def propose(s, steps: int) -> float:
+        # the state of a round whose last verify committed one token: one slot to extend, then `steps` drafts
+        s.slots -= 1
+        s.attention.truncate(s.attention.length - 1)
+        t = time.perf_counter()
+        s.propose(ids, taps[-1:], steps, 0.0, None)
+        return time.perf_counter() - t
+
+    for _ in range(2):  # warm-up
+        target_forward(1, False), target_forward(4, True), propose(session, 5), propose(full_session, 5)
+    samples: dict[str, list[float]] = {}
+    order = [("plain", 1)] + [("verify", n) for n in range(1, VERIFY_MAX + 1)] + \
+        [("draft", 1), ("draft", 5), ("full", 1), ("full", 5)]
+    rng = random.Random(0)
+    for _ in range(args.cost_repeats):
+        rng.shuffle(order)  # interleaved, in a new order every repeat: drift hits every figure alike
+        for kind, n in order:
+            if kind == "plain":
+                value = target_forward(1, False)
+            elif kind == "verify":
+                value = target_forward(n, True)
+            else:
+                value = propose(session if kind == "draft" else full_session, n)
+            samples.setdefault(f"{kind}{n}", []).append(value)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    plain = med["plain1"]
+    verify = {n: med[f"verify{n}"] / plain for n in range(1, VERIFY_MAX + 1)}
+    draft = (med["draft5"] - med["draft1"]) / 4 / plain
+    full = (med["full5"] - med["full1"]) / 4 / plain
+    extend = med["draft1"] / plain - draft  # propose(S=1) = extend of one slot + one draft step
+    log(f"costs at a context of {len(ids)} tokens, in plain steps of {plain * 1e3:.2f} ms: "
+        f"draft step {draft:.3f} (full-vocabulary head {full:.3f}), extend of one slot {extend:.3f}, "
+        + ", ".join(f"verify({n}) {verify[n]:.2f}" for n in (1, 2, 4, 6, 8, 16)))
+    return {"plain_step_seconds": plain, "verify": verify, "draft_step": draft, "draft_step_full_vocab": full,
+            "extend_one_slot": extend, "context": len(ids)}
+
+
+def spec_section(args, target, session, prompts, eos, costs) -> dict:
+    """Speculative vs plain decoding of the held-out prompts for every S; per-round overhead."""
+    from osprey_train.evaluation.spec_decode import plain_generate, speculative_generate
+
+    steps = (3,) if args.quick else STEPS
+    prefill = {}
+    for i, p in enumerate(prompts):  # the prefill, which both sides pay once per prompt
+        def run_prefill(p=p):
+            target.reset(capacity=len(p) + 1)
+            target.forward(p, want_taps=True, logits_for=1)
+        prefill[i] = median_seconds(run_prefill, 3)
+    speculative_generate(target, session, prompts[0], num_steps=3, max_new_tokens=8, eos_ids=eos)  # warm-up
+    agg = {s: {"spec": 0.0, "spec_decode": 0.0, "plain": 0.0, "plain_decode": 0.0, "plain_steps": 0, "rounds": 0,
+               "emitted": 0, "identical": 0, "runs": 0} for s in steps}
+    for rep in range(args.spec_repeats):
+        for i, p in enumerate(prompts):
+            order = list(steps) + ["plain"]
+            if (i + rep) % 2:
+                order.reverse()
+            results = {}
+            for what in order:
+                if what == "plain":
+                    results[what] = plain_generate(target, p, max_new_tokens=args.max_new_tokens, eos_ids=eos)
+                else:
+                    results[what] = speculative_generate(target, session, p, num_steps=what,
+                                                         max_new_tokens=args.max_new_tokens, eos_ids=eos)
+            plain = results["plain"]
+            for s in steps:
+                r, a = results[s], agg[s]
+                a["spec"] += r.seconds
+                a["spec_decode"] += r.seconds - prefill[i]
+                a["plain"] += plain.seconds
+                a["plain_decode"] += plain.seconds - prefill[i]
+                a["plain_steps"] += len(plain.output_ids) - 1  # the first token comes from the prefill
+                a["rounds"] += len(r.accept_lengths)
+                a["emitted"] += sum(r.accept_lengths)
+                a["identical"] += r.output_ids == plain.output_ids
+                a["runs"] += 1
+    out = {}
+    for s in steps:
+        a = agg[s]
+        components = s * costs["draft_step"] + costs["verify"][s + 1]
+        # the unit here is the plain decode step as measured in these very runs (same prompts,
+        # contexts and moment), so that AL / round cost reproduces the measured decode speedup
+        plain_step = a["plain_decode"] / max(1, a["plain_steps"])
+        per_round = a["spec_decode"] / max(1, a["rounds"]) / plain_step
+        out[s] = {"accept_len": a["emitted"] / max(1, a["rounds"]), "speedup_decode": a["plain_decode"] / a["spec_decode"],
+                  "speedup_e2e": a["plain"] / a["spec"], "round_cost": per_round,
+                  "overhead": per_round - components, "identical": a["identical"], "runs": a["runs"],
+                  "rounds": a["rounds"], "plain_step_seconds": plain_step}
+        log(f"S={s}: acceptance length {out[s]['accept_len']:.3f}, decode speedup x{out[s]['speedup_decode']:.3f} "
+            f"(end to end x{out[s]['speedup_e2e']:.3f}), round = {per_round:.2f} plain steps "
+            f"({components:.2f} from the costs, overhead {out[s]['overhead']:.2f}; plain step here "
+            f"{plain_step * 1e3:.1f} ms); identical {a['identical']}/{a['runs']}")
+    return out
+
+
+# ------------------------------------------------------------------------------- model, report
+
+
+def break_even(costs: dict, overhead: float, s: int) -> float:
+    return s * costs["draft_step"] + costs["verify"][s + 1] + overhead
+
+
+def write_plot(path: Path, costs: dict, overhead: float, spec: dict, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in STEPS:
+        cost = break_even(costs, overhead, s)
+        xs = [1 + (s * i) / 100 for i in range(101)]  # AL from 1 to S + 1
+        line, = ax.plot(xs, [x / cost for x in xs], label=f"S={s} (break-even AL {cost:.2f})")
+        if s in spec:
+            ax.plot([spec[s]["accept_len"]], [spec[s]["speedup_decode"]], "o", color=line.get_color(),
+                    markersize=8, markeredgecolor="black")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("acceptance length (tokens per verify round)")
+    ax.set_ylabel("decode speedup over plain decoding")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cost_document(costs: dict, overhead: float, device: str, drafter: str, target: str) -> dict:
+    from osprey_data.schema_check import validate
+
+    doc = {"format": "osprey-cost-model", "version": 1, "device": device, "drafter": drafter, "target": target,
+           "plain_step": 1.0, "draft_step": round(costs["draft_step"], 4),
+           "verify": {str(n): round(v, 4) for n, v in costs["verify"].items()},
+           "round_overhead": round(max(0.0, overhead), 4), "plain_step_seconds": round(costs["plain_step_seconds"], 6)}
+    validate(doc, "cost-model.v1.json", where="live_bench --cost-out")
+    return doc
+
+
+def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: float, command: str) -> Path:
+    lines = [f"# Live speculative decoding: costs and break-even ({summary['target']})", "",
+             f"`{command}`", "",
+             f"Device: {summary['device']}; load average {summary['load_avg']}; drafter: {summary['drafter']} "
+             f"({summary['drafter_note']}).", "",
+             "## Plain decoding: our harness vs `transformers` `generate` (greedy, batch 1)", "",
+             "| | tokens/s | ratio |", "|---|---:|---:|",
+             f"| `generate` | {summary['generate_tok_s']:.1f} | 1.00 |",
+             f"| ours (`plain_generate`) | {summary['harness_tok_s']:.1f} | **{summary['harness_vs_generate']:.3f}** |", "",
+             f"Identical outputs: {summary['identical']}/{summary['runs']}. Goal >= {GOAL_HARNESS}.", "",
+             f"## Costs (plain decode step = 1 = {costs['plain_step_seconds'] * 1e3:.2f} ms, "
+             f"context {costs['context']} tokens)", "",
+             "| piece | cost |", "|---|---:|",
+             f"| drafter step (draft vocabulary {summary['draft_vocab']}) | {costs['draft_step']:.3f} |",
+             f"| drafter step, same drafter with a full-vocabulary head | {costs['draft_step_full_vocab']:.3f} |",
+             f"| drafter extend of one slot (beyond one step) | {costs['extend_one_slot']:.3f} |",
+             *[f"| target forward of {n} tokens with taps (verify of S={n - 1}) | {costs['verify'][n]:.3f} |"
+               for n in range(1, VERIFY_MAX + 1)],
+             f"| per-round overhead (measured, median over S) | {overhead:.3f} |", "",
+             "## Break-even acceptance length and measured speedup", "",
+             "AL*(S) = S x draft step + verify(S+1) + round overhead; predicted decode speedup = AL / AL*(S).", "",
+             "| S | break-even AL* | measured AL | predicted speedup | measured decode speedup | end to end |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for s in STEPS:
+        be = break_even(costs, overhead, s)
+        if s in spec:
+            m = spec[s]
+            lines.append(f"| {s} | {be:.3f} | {m['accept_len']:.3f} | {m['accept_len'] / be:.3f} | "
+                         f"{m['speedup_decode']:.3f} | {m['speedup_e2e']:.3f} |")
+        else:
+            lines.append(f"| {s} | {be:.3f} | | | | |")
+    lines += ["", f"Goal at S=3: AL* <= {GOAL_BREAK_EVEN_S3}. Plot: `live_bench.png` (curves: predicted; dots: measured).",
+              ""]
+    path = out / "live_bench.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="<= 60 s: tiny random Llama, S = 3 only, fewer repeats")
+    ap.add_argument("--target", default=None, help="HF folder (default: SmolLM2-135M-Instruct; --quick: tiny)")
+    ap.add_argument("--drafter", default=None, help="drafter folder (default: build one, cached in --work)")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="built drafter: convert --draft-vocab (default 8192; --quick 128; 0 = full vocabulary)")
+    ap.add_argument("--distill-steps", type=int, default=None, help="built drafter: TTT steps (default 150; quick 20)")
+    ap.add_argument("--train-prompts", type=int, default=None, help="built drafter: store prompts (default 64; quick 16)")
+    ap.add_argument("--store-tokens", type=int, default=None, help="built drafter: response tokens (default 48; quick 24)")
+    ap.add_argument("--prompts", type=int, default=None, help="held-out prompts decoded (default 5; quick 3)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 64; quick 24)")
+    ap.add_argument("--repeats", type=int, default=None, help="plain-vs-generate repeats (default 2; quick 3)")
+    ap.add_argument("--cost-repeats", type=int, default=None, help="cost repeats (default 15; quick 10)")
+    ap.add_argument("--spec-repeats", type=int, default=1, help="speculative-decoding repeats")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared box several OpenMP threads spin-wait for each other and "
+                         "distort every figure; use 2 on an idle 2-core machine)")
+    ap.add_argument("--work", default=None, help="cache of built models (default: $OSPREY_CACHE/live-bench)")
+    ap.add_argument("--out", default="runs/live_bench", help="folder for live_bench.md / .png / .json")
+    ap.add_argument("--cost-out", default=None, help="write the costs as an osprey-cost-model JSON file")
+    args = ap.parse_args()
+    defaults = dict(draft_vocab=(128, 8192), distill_steps=(20, 150), train_prompts=(16, 64), store_tokens=(24, 48),
+                    prompts=(3, 5), max_new_tokens=(24, 64), repeats=(3, 2), cost_repeats=(10, 15))
+    for name, (quick, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+
+    import torch
+
+    from osprey_data.atomic import write_json
+    from osprey_data.conversation import stop_token_ids
+    from osprey_data.target import load_hf_target
+    from osprey_train.demo.fetch import cache_dir, fetch_smollm2
+    from osprey_train.demo.pipeline import shipped_prompts, split_prompts
+    from osprey_train.evaluation.live_drafter import DrafterSession
+    from osprey_train.evaluation.live_prompts import load_prompts
+    from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate
+    from osprey_train.models import load_drafter
+    from osprey_train.models.io import build_drafter
+
+    start = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    work = Path(args.work) if args.work else cache_dir() / "live-bench"
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.target:
+        target_dir, target_name = Path(args.target), Path(args.target).name
+    elif args.quick:
+        target_dir, target_name = tiny_target(work), "tiny random Llama (8 x 256)"
+    else:
+        target_dir, target_name = fetch_smollm2(log=log), "SmolLM2-135M-Instruct"
+    train_records, eval_records = split_prompts(shipped_prompts(), args.train_prompts, args.prompts)
+    for name, records in (("train", train_records), ("eval", eval_records)):
+        (work / f"{name}_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    if args.drafter:
+        drafter_dir, note = Path(args.drafter), "given"
+    else:
+        drafter_dir = make_drafter(args, target_dir, work, work / "train_prompts.jsonl")
+        note = (f"built here: target pruned to 2 blocks, no pre-training, convert --draft-vocab {args.draft_vocab}, "
+                f"{args.distill_steps} TTT steps on {args.train_prompts} prompts x {args.store_tokens} tokens")
+    t_setup = time.perf_counter() - start
+
+    model, tokenizer = load_hf_target(str(target_dir), device="cpu")
+    drafter = load_drafter(drafter_dir)
+    cfg = drafter.config
+    eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+    prompts = [p.prompt_ids for p in load_prompts([str(work / "eval_prompts.jsonl")], tokenizer, limit=args.prompts)]
+    target = HFTargetSession(model, cfg.tap_layers.layer_ids)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    session = DrafterSession(drafter, target_vocab_size=vocab)
+    torch.manual_seed(0)
+    full_drafter = build_drafter(cfg.replace(draft_vocab_size=cfg.vocab_size)).eval()  # same shape, full head
+    full_session = DrafterSession(full_drafter, target_vocab_size=vocab)
+    device = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    log(f"target {target_name}; drafter {drafter_dir} ({cfg.num_layers} layers, draft vocabulary "
+        f"{cfg.draft_vocab_size} of {cfg.vocab_size}); {len(prompts)} prompts x {args.max_new_tokens} tokens; {device}")
+
+    plain = plain_section(args, model, target, prompts, eos)
+    context = prompts[0] + plain_generate(target, prompts[0], max_new_tokens=args.max_new_tokens).output_ids
+    costs = cost_section(args, target, session, full_session, context)
+    spec = spec_section(args, target, session, prompts, eos, costs)
+    overhead = statistics.median(v["overhead"] for v in spec.values())
+    be = {s: break_even(costs, overhead, s) for s in STEPS}
+    log("break-even acceptance length: " + ", ".join(f"S={s} {be[s]:.3f}" for s in STEPS)
+        + f" (round overhead {overhead:.3f} plain steps; goal S=3 <= {GOAL_BREAK_EVEN_S3})")
+
+    load = round(os.getloadavg()[0], 1)
+    summary = {"target": target_name, "device": device, "load_avg": load, "drafter": str(drafter_dir),
+               "drafter_note": note, "draft_vocab": cfg.draft_vocab_size, **plain}
+    command = "python benchmarks/live_bench.py " + " ".join(sys.argv[1:])
+    md = write_report(out, summary, costs, spec, overhead, command)
+    png = out / "live_bench.png"
+    write_plot(png, costs, overhead, spec, f"{target_name}, {device}; drafter: {cfg.num_layers} layers, "
+                                           f"draft vocab {cfg.draft_vocab_size}")
+    doc = cost_document(costs, overhead, device, str(drafter_dir), target_name)
+    write_json(out / "live_bench.json", {"summary": summary, "costs": {**costs, "verify": doc["verify"]},
+                                          "round_overhead": overhead, "break_even": be,
+                                          "speculative": {str(k): v for k, v in spec.items()}, "cost_model": doc})
+    if args.cost_out:
+        Path(args.cost_out).parent.mkdir(parents=True, exist_ok=True)
+        write_json(Path(args.cost_out), doc)
+    s3 = spec.get(3, {})
+    result = {
+        "model": target_name.split(" ")[0], "threads": torch.get_num_threads(), "load_avg": load,
+        "harness_vs_generate": round(plain["harness_vs_generate"], 3), "goal_harness": GOAL_HARNESS,
+        "plain_step_ms": round(costs["plain_step_seconds"] * 1e3, 2), "draft_vocab": cfg.draft_vocab_size,
+        "draft_step": round(costs["draft_step"], 3), "draft_step_full_vocab": round(costs["draft_step_full_vocab"], 3),
+        "verify_2": round(costs["verify"][2], 3), "verify_4": round(costs["verify"][4], 3),
+        "verify_6": round(costs["verify"][6], 3), "round_overhead": round(overhead, 3),
+        **{f"break_even_s{s}": round(be[s], 3) for s in STEPS}, "goal_break_even_s3": GOAL_BREAK_EVEN_S3,
+        "accept_len_s3": round(s3.get("accept_len", float("nan")), 3),
+        "predicted_speedup_s3": round(s3.get("accept_len", float("nan")) / be[3], 3),
+        "speedup_decode_s3": round(s3.get("speedup_decode", float("nan")), 3),
+        "speedup_e2e_s3": round(s3.get("speedup_e2e", float("nan")), 3),
+        "setup_s": round(t_setup, 1), "seconds": round(time.perf_counter() - start, 1),
+    }
+    log(f"report {md}, plot {png}" + (f", cost model {args.cost_out}" if args.cost_out else ""))
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
