@@ -27,8 +27,10 @@ to 2 blocks (no pre-training), converted with ``--draft-vocab`` from a store of 
 training prompts, distilled ``--distill-steps`` TTT steps. The live prompts are the demo's
 held-out ones. Writes ``live_bench.md``, ``live_bench.png`` (predicted speedup vs acceptance
 length for S = 1..5 with the measured points) and ``live_bench.json`` to ``--out``;
-``--cost-out FILE`` writes the costs in the ``osprey-cost-model`` format
-(``schemas/cost-model.v1.json``). Ends with one ``RESULT key=value ...`` line.
+``--cost-out FILE`` writes the costs as the project's cost model
+(:class:`osprey_train.evaluation.cost_model.CostModel`, ``schemas/cost-model.v1.json``), which
+``osprey eval sweep --cost FILE`` reads; it includes ``draft_step_by_width`` (one drafter call over
+2, 4 and 8 tree branches, relative to the chain step). Ends with one ``RESULT key=value ...`` line.
 
 Usage::
 
@@ -199,6 +201,24 @@ def cost_section(args, target, session, full_session, context_ids) -> dict:
         target.crop(base)
         return seconds
 
+    import torch
+
+    widths = (1, 2, 4, 8)
+    cond_1KD = torch.randn(1, max(widths), session.config.hidden_size)
+
+    def width_step(k: int) -> float:
+        # one tree depth: k frontier nodes in one drafter call after the committed slots, then their heads
+        length = session.attention.length
+        t = time.perf_counter()
+        with torch.no_grad():
+            hidden = session.drafter.forward_hidden(torch.tensor([filler[:k]]), cond_1KD[:, :k],
+                                                    torch.full((1, k), len(ids), dtype=torch.long),
+                                                    session.attention)
+            torch.topk(session.drafter.logits(hidden)[0].float(), k, dim=-1)
+        seconds = time.perf_counter() - t
+        session.attention.truncate(length)
+        return seconds
+
     def propose(s, steps: int) -> float:
         # the state of a round whose last verify committed one token: one slot to extend, then `steps` drafts
         s.slots -= 1
@@ -211,7 +231,7 @@ def cost_section(args, target, session, full_session, context_ids) -> dict:
         target_forward(1, False), target_forward(4, True), propose(session, 5), propose(full_session, 5)
     samples: dict[str, list[float]] = {}
     order = [("plain", 1)] + [("verify", n) for n in range(1, VERIFY_MAX + 1)] + \
-        [("draft", 1), ("draft", 5), ("full", 1), ("full", 5)]
+        [("draft", 1), ("draft", 5), ("full", 1), ("full", 5)] + [("width", k) for k in widths]
     rng = random.Random(0)
     for _ in range(args.cost_repeats):
         rng.shuffle(order)  # interleaved, in a new order every repeat: drift hits every figure alike
@@ -220,6 +240,8 @@ def cost_section(args, target, session, full_session, context_ids) -> dict:
                 value = target_forward(1, False)
             elif kind == "verify":
                 value = target_forward(n, True)
+            elif kind == "width":
+                value = width_step(n)
             else:
                 value = propose(session if kind == "draft" else full_session, n)
             samples.setdefault(f"{kind}{n}", []).append(value)
@@ -229,11 +251,14 @@ def cost_section(args, target, session, full_session, context_ids) -> dict:
     draft = (med["draft5"] - med["draft1"]) / 4 / plain
     full = (med["full5"] - med["full1"]) / 4 / plain
     extend = med["draft1"] / plain - draft  # propose(S=1) = extend of one slot + one draft step
+    # a tree depth over k branches, scaled to the chain step measured above
+    by_width = {k: draft * med[f"width{k}"] / med["width1"] for k in widths if k > 1}
     log(f"costs at a context of {len(ids)} tokens, in plain steps of {plain * 1e3:.2f} ms: "
-        f"draft step {draft:.3f} (full-vocabulary head {full:.3f}), extend of one slot {extend:.3f}, "
+        f"draft step {draft:.3f} (full-vocabulary head {full:.3f}; over 2/4/8 branches "
+        f"{by_width[2]:.3f}/{by_width[4]:.3f}/{by_width[8]:.3f}), extend of one slot {extend:.3f}, "
         + ", ".join(f"verify({n}) {verify[n]:.2f}" for n in (1, 2, 4, 6, 8, 16)))
     return {"plain_step_seconds": plain, "verify": verify, "draft_step": draft, "draft_step_full_vocab": full,
-            "extend_one_slot": extend, "context": len(ids)}
+            "draft_step_by_width": by_width, "extend_one_slot": extend, "context": len(ids)}
 
 
 def spec_section(args, target, session, prompts, eos, costs) -> dict:
@@ -296,11 +321,25 @@ def spec_section(args, target, session, prompts, eos, costs) -> dict:
 # ------------------------------------------------------------------------------- model, report
 
 
-def break_even(costs: dict, overhead: float, s: int) -> float:
-    return s * costs["draft_step"] + costs["verify"][s + 1] + overhead
+def cost_model(costs: dict, overhead: float, device: str, drafter: str, target: str):
+    """The measured costs as the project's CostModel (what ``osprey eval sweep --cost`` reads)."""
+    from osprey_train.evaluation.cost_model import CostModel
+
+    return CostModel(device=device, draft_step=round(costs["draft_step"], 4),
+                     verify={n: round(v, 4) for n, v in costs["verify"].items()},
+                     draft_step_by_width={k: round(v, 4) for k, v in costs["draft_step_by_width"].items()},
+                     round_overhead=round(max(0.0, overhead), 4),
+                     plain_step_seconds=round(costs["plain_step_seconds"], 6), drafter=drafter, target=target)
 
 
-def write_plot(path: Path, costs: dict, overhead: float, spec: dict, title: str) -> None:
+def break_even(cost, s: int) -> float:
+    """AL*(S): the acceptance length at which a chain of S drafts decodes as fast as the target alone."""
+    from osprey_train.evaluation.tree_shape import TreeShape
+
+    return cost.round_cost(TreeShape.chain(s)) / cost.plain_step
+
+
+def write_plot(path: Path, cost, spec: dict, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,9 +347,9 @@ def write_plot(path: Path, costs: dict, overhead: float, spec: dict, title: str)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in STEPS:
-        cost = break_even(costs, overhead, s)
+        be = break_even(cost, s)
         xs = [1 + (s * i) / 100 for i in range(101)]  # AL from 1 to S + 1
-        line, = ax.plot(xs, [x / cost for x in xs], label=f"S={s} (break-even AL {cost:.2f})")
+        line, = ax.plot(xs, [x / be for x in xs], label=f"S={s} (break-even AL {be:.2f})")
         if s in spec:
             ax.plot([spec[s]["accept_len"]], [spec[s]["speedup_decode"]], "o", color=line.get_color(),
                     markersize=8, markeredgecolor="black")
@@ -325,18 +364,7 @@ def write_plot(path: Path, costs: dict, overhead: float, spec: dict, title: str)
     plt.close(fig)
 
 
-def cost_document(costs: dict, overhead: float, device: str, drafter: str, target: str) -> dict:
-    from osprey_data.schema_check import validate
-
-    doc = {"format": "osprey-cost-model", "version": 1, "device": device, "drafter": drafter, "target": target,
-           "plain_step": 1.0, "draft_step": round(costs["draft_step"], 4),
-           "verify": {str(n): round(v, 4) for n, v in costs["verify"].items()},
-           "round_overhead": round(max(0.0, overhead), 4), "plain_step_seconds": round(costs["plain_step_seconds"], 6)}
-    validate(doc, "cost-model.v1.json", where="live_bench --cost-out")
-    return doc
-
-
-def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: float, command: str) -> Path:
+def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: float, cost, command: str) -> Path:
     lines = [f"# Live speculative decoding: costs and break-even ({summary['target']})", "",
              f"`{command}`", "",
              f"Device: {summary['device']}; load average {summary['load_avg']}; drafter: {summary['drafter']} "
@@ -351,6 +379,8 @@ def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: fl
              "| piece | cost |", "|---|---:|",
              f"| drafter step (draft vocabulary {summary['draft_vocab']}) | {costs['draft_step']:.3f} |",
              f"| drafter step, same drafter with a full-vocabulary head | {costs['draft_step_full_vocab']:.3f} |",
+             *[f"| drafter step over {k} tree branches (one depth) | {v:.3f} |"
+               for k, v in costs["draft_step_by_width"].items()],
              f"| drafter extend of one slot (beyond one step) | {costs['extend_one_slot']:.3f} |",
              *[f"| target forward of {n} tokens with taps (verify of S={n - 1}) | {costs['verify'][n]:.3f} |"
                for n in range(1, VERIFY_MAX + 1)],
@@ -360,7 +390,7 @@ def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: fl
              "| S | break-even AL* | measured AL | predicted speedup | measured decode speedup | end to end |",
              "|---:|---:|---:|---:|---:|---:|"]
     for s in STEPS:
-        be = break_even(costs, overhead, s)
+        be = break_even(cost, s)
         if s in spec:
             m = spec[s]
             lines.append(f"| {s} | {be:.3f} | {m['accept_len']:.3f} | {m['accept_len'] / be:.3f} | "
@@ -461,7 +491,8 @@ def main() -> None:
     costs = cost_section(args, target, session, full_session, context)
     spec = spec_section(args, target, session, prompts, eos, costs)
     overhead = statistics.median(v["overhead"] for v in spec.values())
-    be = {s: break_even(costs, overhead, s) for s in STEPS}
+    cost = cost_model(costs, overhead, device, str(drafter_dir), target_name)
+    be = {s: break_even(cost, s) for s in STEPS}
     log("break-even acceptance length: " + ", ".join(f"S={s} {be[s]:.3f}" for s in STEPS)
         + f" (round overhead {overhead:.3f} plain steps; goal S=3 <= {GOAL_BREAK_EVEN_S3})")
 
@@ -469,17 +500,18 @@ def main() -> None:
     summary = {"target": target_name, "device": device, "load_avg": load, "drafter": str(drafter_dir),
                "drafter_note": note, "draft_vocab": cfg.draft_vocab_size, **plain}
     command = "python benchmarks/live_bench.py " + " ".join(sys.argv[1:])
-    md = write_report(out, summary, costs, spec, overhead, command)
+    md = write_report(out, summary, costs, spec, overhead, cost, command)
     png = out / "live_bench.png"
-    write_plot(png, costs, overhead, spec, f"{target_name}, {device}; drafter: {cfg.num_layers} layers, "
-                                           f"draft vocab {cfg.draft_vocab_size}")
-    doc = cost_document(costs, overhead, device, str(drafter_dir), target_name)
-    write_json(out / "live_bench.json", {"summary": summary, "costs": {**costs, "verify": doc["verify"]},
+    write_plot(png, cost, spec, f"{target_name}, {device}; drafter: {cfg.num_layers} layers, "
+                                f"draft vocab {cfg.draft_vocab_size}")
+    doc = cost.to_dict()
+    write_json(out / "live_bench.json", {"summary": summary, "costs": {**costs, "verify": doc["verify"],
+                                                                       "draft_step_by_width": doc["draft_step_by_width"]},
                                           "round_overhead": overhead, "break_even": be,
                                           "speculative": {str(k): v for k, v in spec.items()}, "cost_model": doc})
     if args.cost_out:
         Path(args.cost_out).parent.mkdir(parents=True, exist_ok=True)
-        write_json(Path(args.cost_out), doc)
+        cost.save(args.cost_out)  # validated against schemas/cost-model.v1.json
     s3 = spec.get(3, {})
     result = {
         "model": target_name.split(" ")[0], "threads": torch.get_num_threads(), "load_avg": load,
@@ -491,6 +523,7 @@ def main() -> None:
         **{f"break_even_s{s}": round(be[s], 3) for s in STEPS}, "goal_break_even_s3": GOAL_BREAK_EVEN_S3,
         "accept_len_s3": round(s3.get("accept_len", float("nan")), 3),
         "predicted_speedup_s3": round(s3.get("accept_len", float("nan")) / be[3], 3),
+        "draft_step_w4": round(costs["draft_step_by_width"][4], 3),
         "speedup_decode_s3": round(s3.get("speedup_decode", float("nan")), 3),
         "speedup_e2e_s3": round(s3.get("speedup_e2e", float("nan")), 3),
         "setup_s": round(t_setup, 1), "seconds": round(time.perf_counter() - start, 1),
