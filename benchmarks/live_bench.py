@@ -384,7 +384,7 @@ def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: fl
              f"| drafter extend of one slot (beyond one step) | {costs['extend_one_slot']:.3f} |",
              *[f"| target forward of {n} tokens with taps (verify of S={n - 1}) | {costs['verify'][n]:.3f} |"
                for n in range(1, VERIFY_MAX + 1)],
-             f"| per-round overhead (measured, median over S) | {overhead:.3f} |", "",
+             f"| per-round overhead (measured, median over S; the model takes max(0, this)) | {overhead:.3f} |", "",
              "## Break-even acceptance length and measured speedup", "",
              "AL*(S) = S x draft step + verify(S+1) + round overhead; predicted decode speedup = AL / AL*(S).", "",
              "| S | break-even AL* | measured AL | predicted speedup | measured decode speedup | end to end |",
