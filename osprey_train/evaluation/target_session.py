@@ -154,7 +154,7 @@ class HFTargetSession:
         self.cache: Any = None
         self.length = 0
         self.forwards = 0
-        self._layers = decoder_layers(model)
+        self._layers = decoder_layers(model) if self.tap_layers else None  # plain decoding needs none
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both generations
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

@@ -48,7 +48,8 @@ def tree_speculative_generate(target: HFTargetSession, drafter: TreeDrafterSessi
     check_tree_target(target)
     eos = frozenset(int(i) for i in eos_ids)
     start = time.perf_counter()
-    ids, result, new_taps_TLDt = prefill(target, drafter, prompt_ids, eos=eos)
+    ids, result, new_taps_TLDt = prefill(target, drafter, prompt_ids, eos=eos,
+                                         capacity=len(prompt_ids) + max_new_tokens + shape.num_draft_tokens)
     while result.finish_reason != "stop" and len(result.output_ids) < max_new_tokens:
         room = max_new_tokens - len(result.output_ids)
         tree = drafter.propose_tree(ids, new_taps_TLDt, shape)
