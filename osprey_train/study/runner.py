@@ -281,6 +281,6 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
     result.plan = plan
     result.wall_s = time.perf_counter() - t0
     if cfg.progress:
-        say(f"[{cfg.prefix} done +{format_duration(result.wall_s)}] {len(result.ran)} stages run, "
-            f"{result.reused} reused")
+        say(f"[{cfg.prefix}] {len(result.ran)} stages run, {result.reused} reused, in "
+            f"{format_duration(result.wall_s)}")
     return result
