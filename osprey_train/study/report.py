@@ -179,12 +179,10 @@ def _plot_stage2(results: dict, path: Path) -> Path | None:
     names = {"plain": "next-token prediction", "kd": "distillation from the unpruned source"}
     for variant, doc in s2.items():
         curve = doc["curve"]
-        ax.plot([max(r["tokens"], 1) for r in curve], [r["eval_ppl"] for r in curve], "o-", ms=3,
+        ax.plot([r["tokens"] for r in curve], [r["eval_ppl"] for r in curve], "o-", ms=3,
                 label=names.get(variant, variant))
         if doc.get("teacher_ppl"):
             ax.axhline(doc["teacher_ppl"], color="grey", ls="--", lw=0.8, label="unpruned source")
-    ax.set_xscale("symlog", linthresh=max(1, min(r["tokens"] for d in s2.values() for r in d["curve"] if r["tokens"]) if
-                  any(r["tokens"] for d in s2.values() for r in d["curve"]) else 1))
     ax.set_yscale("log")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("held-out perplexity (generic corpus)")
