@@ -458,14 +458,13 @@ def _convert(value: Any, tp: Any, where: str, base: Path) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
-        errors = []
         for option in options:
             if option is type(None):
                 continue
             try:
                 return _convert(value, option, where, base)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                continue   # try the next alternative; none fits -> one message naming them all
         _fail(where, f"expected {' or '.join(_type_name(o) for o in options if o is not type(None))}, "
                      f"got {value!r}")
     if origin is list:

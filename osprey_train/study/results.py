@@ -117,11 +117,12 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         if not seeds:
             continue
         seed_mean = arm_matrix(cells, arm.name, arm_domains, domains)
-        matrices[arm.name] = {
-            "domains": arm_domains, "eval_domains": domains, "seeds": seeds, "values": seed_mean,
-            "summary": _summary(seed_mean, arm_domains, domains),
-            "per_seed": {str(s): {"values": (v := arm_matrix(cells, arm.name, arm_domains, domains, s)),
-                                  "summary": _summary(v, arm_domains, domains)} for s in seeds}}
+        per_seed = {}
+        for s in seeds:
+            values = arm_matrix(cells, arm.name, arm_domains, domains, s)
+            per_seed[str(s)] = {"values": values, "summary": _summary(values, arm_domains, domains)}
+        matrices[arm.name] = {"domains": arm_domains, "eval_domains": domains, "seeds": seeds, "values": seed_mean,
+                              "summary": _summary(seed_mean, arm_domains, domains), "per_seed": per_seed}
 
     compute: dict[str, Any] = {"wall_s": 0.0, "cpu_s": 0.0, "by_kind": {}}
     threads = set()
@@ -160,7 +161,7 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         "corpus": [f.name for f in cfg.corpus.files] if cfg.corpus else None,
         "domains": [{"name": d.name, "train_file": d.train.name, "eval_file": d.eval.name if d.eval else None,
                      "train_samples": d.train_samples, "eval_samples": d.eval_samples} for d in cfg.domains],
-        "arms": [{**{k: v for k, v in dataclasses.asdict(a).items()}, "lr": cfg.distill.lr * a.lr_scale,
+        "arms": [{**dataclasses.asdict(a), "lr": cfg.distill.lr * a.lr_scale,
                   "steps": a.steps or cfg.distill.steps} for a in cfg.arms],
         "roles": dict(cfg.report.roles),
         "cells": cells, "converted_cells": converted, "matrices": matrices, "curves": curves, "stage2": stage2,
