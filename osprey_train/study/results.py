@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from osprey_data.store.manifest import parse_manifest
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import Plan, build_plan
 from osprey_train.study.runner import code_version, read_record, stage_dir
@@ -106,9 +107,14 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         record = records.get(node.key)
         if record:
             r = record["result"]
+            # The record is the last build run's summary: after an interrupted build it counts only
+            # what that run added, so the totals come from the store's own manifest.
+            manifest_path = stage_dir(out, node) / "store" / "manifest.json"
+            manifest = parse_manifest(manifest_path.read_bytes(), where=str(manifest_path))
             stores[f"{domain}/{split}/{data}"] = {
-                "samples": r["samples_written"] + r.get("already_done", 0), "tokens_written": r["tokens_written"],
-                "generated_tokens": r["generated_tokens"], "truncated": r["truncated"], "wall_s": record["wall_s"]}
+                "samples": manifest.num_samples, "tokens_written": manifest.num_tokens,
+                "generated_tokens": r["generated_tokens"] if not r.get("already_done") else None,
+                "resumed": bool(r.get("already_done")), "truncated": r["truncated"], "wall_s": record["wall_s"]}
 
     matrices = {}
     for arm in cfg.arms:

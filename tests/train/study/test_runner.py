@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,26 @@ def test_cli_run_status_report(finished, tmp_path):
                    '[[arms]]\nname = "o"\narch = "osprey"\nstage2 = "none"\n')
     res = runner.invoke(cli, ["study", "run", str(bad), "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "bad.toml: [[domains]] #1 'a': train: prompt file" in res.output
+
+
+def test_store_totals_come_from_the_store_after_a_resumed_build(finished, tmp_path):
+    """A build resumed across an interruption records only its last run; the report must count the whole store."""
+    cfg, reference, _ = finished
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    plan = build_plan(cfg)
+    (domain, split, data), node = next(iter(plan.stores.items()))
+    record_path = stage_dir(out, node) / "stage.json"
+    record = json.loads(record_path.read_text())
+    full = dict(record["result"])
+    # what the second run of an interrupted build reports: one sample, after the others were committed
+    record["result"].update(samples_written=1, already_done=full["samples_written"] - 1,
+                            tokens_written=7, generated_tokens=3)
+    record_path.write_text(json.dumps(record))
+    store = collect(cfg, out)["stores"][f"{domain}/{split}/{data}"]
+    assert store["samples"] == full["samples_written"] and store["tokens_written"] == full["tokens_written"]
+    assert store["resumed"] is True and store["generated_tokens"] is None
+    untouched = collect(cfg, reference)["stores"][f"{domain}/{split}/{data}"]
+    assert untouched["resumed"] is False and untouched["generated_tokens"] == full["generated_tokens"]
+    readme = (report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "report")).dir / "README.md").read_text()
+    assert "the generated count covers only the last run" in readme
