@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from osprey_data.errors import StoreNotFoundError
 from osprey_data.store.manifest import parse_manifest
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import Plan, build_plan
@@ -110,6 +111,10 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
             # The record is the last build run's summary: after an interrupted build it counts only
             # what that run added, so the totals come from the store's own manifest.
             manifest_path = stage_dir(out, node) / "store" / "manifest.json"
+            if not manifest_path.is_file():
+                raise StoreNotFoundError(
+                    f"{manifest_path}: missing, although stage '{node.label}' is recorded as finished; the study "
+                    f"folder is damaged: delete {stage_dir(out, node)} and rerun `osprey study run` to rebuild it")
             manifest = parse_manifest(manifest_path.read_bytes(), where=str(manifest_path))
             stores[f"{domain}/{split}/{data}"] = {
                 "samples": manifest.num_samples, "tokens_written": manifest.num_tokens,

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from osprey_cli.main import cli
-from osprey_data.errors import StudyBusyError
+from osprey_data.errors import StoreNotFoundError, StudyBusyError
 from osprey_train.study.config import load_study
 from osprey_train.study.plan import build_plan
 from osprey_train.study.report import ReportConfig
@@ -183,3 +183,13 @@ def test_store_totals_come_from_the_store_after_a_resumed_build(finished, tmp_pa
     assert untouched["resumed"] is False and untouched["generated_tokens"] == full["generated_tokens"]
     readme = (report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "report")).dir / "README.md").read_text()
     assert "the generated count covers only the last run" in readme
+
+
+def test_a_finished_store_without_its_manifest_is_named(finished, tmp_path):
+    cfg, reference, _ = finished
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    node = next(iter(build_plan(cfg).stores.values()))
+    (stage_dir(out, node) / "store" / "manifest.json").unlink()
+    with pytest.raises(StoreNotFoundError, match=r"manifest\.json: missing.*rerun `osprey study run`"):
+        collect(cfg, out)
