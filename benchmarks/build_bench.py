@@ -136,10 +136,11 @@ def hf_generate_seconds(model, prompt_ids: list[list[int]], batch_size: int, max
 
 def regen_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict:
     """Builder regeneration (generation + features + write) vs ``generate``, rounds interleaved."""
-    from osprey_data.builder import BuildConfig, run
+    from osprey_data.builder import BuildConfig
+    from osprey_data.builder.runner import run
     from osprey_data.builder.backends.hf import HFBackend
     from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
-    from osprey_data.target import load_hf_target
+    from osprey_data.target_model import load_hf_target
 
     prompts = regen_prompts(args.inputs, args.limit)
     path = tmp / "regen_prompts.jsonl"
@@ -216,8 +217,9 @@ def resolve_model(name: str | None, tmp: Path) -> tuple[Path, str]:
 
 def prefill_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict:
     """Teacher-forced builder vs the bare forward of the same sequences."""
-    from osprey_data.builder import BuildConfig, run
-    from osprey_data.target import load_hf_target
+    from osprey_data.builder import BuildConfig
+    from osprey_data.builder.runner import run
+    from osprey_data.target_model import load_hf_target
     from osprey_data.store import StoreReader
 
     if args.inputs:

@@ -95,7 +95,7 @@ def shape(scale: int, vocab_scale: int) -> dict:
 def build(sh: dict):
     import torch
 
-    from osprey_data.target import TapLayers
+    from osprey_data.target_model import TapLayers
     from osprey_train.models import DrafterConfig
     from osprey_train.models.io import build_drafter
 
@@ -276,7 +276,7 @@ def remote_bench(args) -> None:
     try:
         from tests.helpers.s3_server import start_s3_endpoint
     except ImportError as exc:
-        raise SystemExit(f"--mode remote needs the test and s3 extras (pip install -e '.[test,s3]'): {exc}")
+        raise SystemExit(f"--mode remote needs the test and s3 extras (pip install -e '.[test,s3]'): {exc}") from exc
     from osprey_data.store import StoreReader
     from osprey_data.store.cache import PREFETCHER
 

@@ -92,7 +92,7 @@ def tiny_target(work: Path) -> Path:
 def make_drafter(args, target: Path, work: Path, train_file: Path) -> Path:
     """Prune the target to 2 blocks, convert (--draft-vocab) on a store, distill: cached by settings."""
     from osprey_data.builder import BuildConfig
-    from osprey_data.builder import run as build
+    from osprey_data.builder.runner import run as build
     from osprey_train.stages.convert import ConvertConfig
     from osprey_train.stages.convert import run as convert
     from osprey_train.stages.defaults import distill_optim
@@ -439,7 +439,7 @@ def main() -> None:
 
     from osprey_data.atomic import write_json
     from osprey_data.conversation import stop_token_ids
-    from osprey_data.target import load_hf_target
+    from osprey_data.target_model import load_hf_target
     from osprey_train.demo.fetch import cache_dir, fetch_smollm2
     from osprey_train.demo.pipeline import shipped_prompts, split_prompts
     from osprey_train.evaluation.live_drafter import DrafterSession

@@ -71,7 +71,8 @@ def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature,
       osprey data build --target HuggingFaceTB/SmolLM2-135M-Instruct --input chat.jsonl \\
           --out stores/train --max-new-tokens 256 --device cpu
     """
-    from osprey_data.builder import BuildConfig, run
+    from osprey_data.builder import BuildConfig
+    from osprey_data.builder.runner import run
 
     config = BuildConfig(
         target=target, inputs=tuple(inputs), out=out, backend=backend, regenerate=regenerate,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-__all__ = ["study", "run", "status", "report"]
+__all__ = ["run", "status", "report"]
 
 _STUDY_ARG = click.argument("study_file", type=click.Path(path_type=Path, dir_okay=False))
 _OUT = click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,

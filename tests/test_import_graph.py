@@ -4,7 +4,7 @@ Every module of the four packages is parsed with ``ast`` (function-level and ``T
 imports included), so a cycle or a wrong-way dependency fails here, by name, instead of hiding
 behind an import inside a function until someone calls it.
 
-Rules (STYLE.md 17):
+Rules:
 
 - ``osprey_data`` never imports ``osprey_train`` (the data layer knows nothing of training);
 - nothing imports the CLI package (it is the top: it parses options and calls library ``run``s);

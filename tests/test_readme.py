@@ -12,9 +12,9 @@ from pathlib import Path
 import click
 import pytest
 
-tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-
 from osprey_cli.main import COMMANDS, cli
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -14,13 +14,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from osprey_data.builder.backends import BACKENDS
 from osprey_data.errors import ConfigError
 from osprey_data.store import HIDDEN_CODECS
-from osprey_data.target import TapLayers
+from osprey_data.target_model import TapLayers
 
-__all__ = ["BuildConfig", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
+__all__ = ["BuildConfig", "BACKEND_NAMES", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
 
+# The backends by name; osprey_data.builder.backends.BACKENDS maps them to classes (which import
+# torch), so a config is checked without loading any backend.
+BACKEND_NAMES = ("hf", "sglang")
 OVERFLOW_POLICIES = ("truncate", "skip")
 ON_ERROR_POLICIES = ("raise", "skip")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -109,8 +111,8 @@ class BuildConfig:
             raise ConfigError("--target is required")
         self.target = str(self.target)
         self.out = str(self.out)
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend {self.backend!r} is unknown; use one of {sorted(BACKENDS)}")
+        if self.backend not in BACKEND_NAMES:
+            raise ConfigError(f"--backend {self.backend!r} is unknown; use one of {sorted(BACKEND_NAMES)}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:

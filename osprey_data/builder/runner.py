@@ -54,7 +54,7 @@ from osprey_data.store import StoreHeader, StoreReader, StoreWriter
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.worker_lock import WorkerLock
 from osprey_data.store.writer import worker_name
-from osprey_data.target import TapLayers, chat_template_hash, default_tap_layers, peek_num_layers
+from osprey_data.target_model import TapLayers, chat_template_hash, default_tap_layers, peek_num_layers
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
 

@@ -217,7 +217,8 @@ def run(cfg: TokenizeCorpusConfig) -> dict[str, Any]:
         skip = state.next_doc if i == state.next_input else 0
         pending: list[tuple[int, str]] = []
 
-        def flush() -> None:
+        # Bound explicitly: flush runs only within the iteration that defined it.
+        def flush(pending: list[tuple[int, str]] = pending, i: int = i) -> None:
             texts = [t for _, t in pending]
             encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
             for (doc_idx, _), ids in zip(pending, encoded):

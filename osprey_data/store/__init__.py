@@ -1,6 +1,6 @@
 """Osprey feature store: sharded Zarr v3 + Parquet files of target features for distillation.
 
-See docs/store.md for the on-disk layout. Public API (interfaces.md section 1)::
+See docs/store.md for the on-disk layout. Public API::
 
     StoreWriter(url, header, worker_index=0, num_workers=1)  -> add / close / done_sample_ids
     StoreReader(url)                                          -> sample(i) / iter_samples / table
@@ -18,8 +18,8 @@ from osprey_data.store.records import Sample, SampleRecord
 from osprey_data.store.validate import validate_store
 from osprey_data.store.writer import StoreWriter
 
-# The header's target fields; their home is osprey_data.target.
-from osprey_data.target import TapLayers, TargetIdentity
+# The header's target fields; their home is osprey_data.target_model.
+from osprey_data.target_model import TapLayers, TargetIdentity
 
 __all__ = [
     "TargetIdentity", "TapLayers", "StoreHeader", "SampleRecord", "Sample", "ShardInfo", "Manifest",

@@ -18,7 +18,7 @@ from osprey_data.errors import (ConfigError, FormatVersionError, ManifestMismatc
                                 StoreCorruptError)
 from osprey_data.schema_check import validate
 from osprey_data.store.codecs import HIDDEN_CODECS
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target_model import TapLayers, TargetIdentity
 
 __all__ = [
     "FORMAT_NAME",

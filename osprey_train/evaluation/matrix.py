@@ -20,7 +20,7 @@ import numpy as np
 from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
-from osprey_data.target import check_compatible, resolve_device
+from osprey_data.target_model import check_compatible, resolve_device
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.models import load_drafter

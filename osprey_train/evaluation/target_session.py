@@ -11,7 +11,7 @@ is kept small and independent of the sequence length:
   ``DynamicLayer`` concatenates the whole past on every forward: O(length) per step.)
   Sliding-window layers (Gemma-3) keep transformers' own layer with past recording, so they can
   roll back too.
-- **taps**: forward hooks on the tapped layers only (:class:`~osprey_data.target.TapCapture`),
+- **taps**: forward hooks on the tapped layers only (:class:`~osprey_data.target_model.TapCapture`),
   not ``output_hidden_states`` (every layer's state kept for every forward).
 - **logits**: only for the positions the caller needs (``logits_to_keep``): the last one after
   a prefill or a plain decode step, all ``S + 1`` in a verify forward.
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from osprey_data.errors import ModelError
-from osprey_data.target import TapCapture, decoder_layers
+from osprey_data.target_model import TapCapture, decoder_layers
 
 __all__ = ["HFTargetSession", "rollback_cache"]
 

@@ -33,7 +33,7 @@ import torch
 
 from osprey_data.atomic import write_json, write_text
 from osprey_data.errors import CheckpointError
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.export.common import (absolute_d2t, check_eagle3_servable, copy_side_files, dtype_name, load_tensors,
                                         offset_d2t, read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc, serving_readme

@@ -27,7 +27,7 @@ import torch
 
 from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError, ConfigError
-from osprey_data.target import TapLayers
+from osprey_data.target_model import TapLayers
 from osprey_train.export.common import (absolute_d2t, check_eagle3_servable, copy_side_files, load_tensors, offset_d2t,
                                         read_json, save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config

@@ -1,6 +1,6 @@
 """Drafter models: the Osprey drafter, the EAGLE-3 baseline, attention backends, checkpoints.
 
-See interfaces.md section 2 and docs/models.md.
+See docs/models.md.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ __all__ = ["Drafter"]
 
 
 class Drafter(nn.Module):
-    """Base class of OspreyDrafter and Eagle3Drafter (see interfaces.md section 2)."""
+    """Base class of OspreyDrafter and Eagle3Drafter."""
 
     config: DrafterConfig
     lm_head: nn.Linear

@@ -6,9 +6,9 @@ The config is what ``config.json`` of a drafter checkpoint holds (see
 layers, identity) and the architecture (``osprey``: N conditioned layers; ``eagle3``: one layer
 reading [embedding; fused taps], followed by N - 1 plain layers for the multi-layer control).
 
-The target side is typed: ``tap_layers`` is a :class:`~osprey_data.target.TapLayers` (whose
+The target side is typed: ``tap_layers`` is a :class:`~osprey_data.target_model.TapLayers` (whose
 methods give each engine's tap numbering) and ``target`` a
-:class:`~osprey_data.target.TargetIdentity`; ``num_taps`` is derived from the taps. ``from_dict``
+:class:`~osprey_data.target_model.TargetIdentity`; ``num_taps`` is derived from the taps. ``from_dict``
 parses the JSON form and still reads configs written with the former ``num_taps`` key.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from osprey_data.errors import ConfigError
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target_model import TapLayers, TargetIdentity
 
 __all__ = ["DrafterConfig", "ARCHS", "FAMILIES", "PRESETS", "ROPE_TYPES"]
 

@@ -126,7 +126,7 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
     # Floating parameters take `dtype`; integer buffers (d2t) keep theirs.
     model.to(device=device)
     for module in model.modules():
-        for key, param in list(module._parameters.items()):
+        for param in list(module._parameters.values()):
             if param is not None and param.is_floating_point():
                 param.data = param.data.to(dtype)
     return model.eval()

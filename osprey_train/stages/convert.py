@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from osprey_data.errors import ConfigError, InputError
-from osprey_data.target import TapLayers
+from osprey_data.target_model import TapLayers
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.models.osprey import OspreyDrafter, init_w_c

@@ -24,7 +24,7 @@ from torch import nn
 
 from osprey_data.errors import ConfigError, ModelError
 from osprey_data.store import StoreReader
-from osprey_data.target import check_compatible
+from osprey_data.target_model import check_compatible
 from osprey_train.distill_data.packing import StorePacker
 from osprey_train.distill_data.prefetch import BatchPrefetcher
 from osprey_train.evaluation.acceptance import evaluate_acceptance

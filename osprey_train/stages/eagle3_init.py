@@ -23,7 +23,7 @@ import torch
 
 from osprey_data.errors import ConfigError, StoreError
 from osprey_data.store import StoreReader
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.eagle3 import Eagle3Drafter
 from osprey_train.models.hf import hf_rope

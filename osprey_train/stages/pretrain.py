@@ -45,7 +45,7 @@ from torch.nn import functional as F
 
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
 from osprey_data.errors import CheckpointError, ConfigError, InputError
-from osprey_data.target import load_hf_target
+from osprey_data.target_model import load_hf_target
 from osprey_train.stages.defaults import pretrain_optim
 from osprey_train.trainer import LoopConfig, OptimConfig, config_json
 from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state

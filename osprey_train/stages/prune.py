@@ -17,7 +17,7 @@ from typing import Any
 
 from osprey_data.atomic import atomic_dir, write_json
 from osprey_data.errors import ConfigError, ModelError
-from osprey_data.target import load_hf_target
+from osprey_data.target_model import load_hf_target
 
 __all__ = ["PruneConfig", "PruneResult", "run", "prune_model", "load_source", "save_hf_atomic"]
 

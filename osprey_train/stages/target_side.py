@@ -2,7 +2,7 @@
 
 They come from a feature store's manifest (``--store``: the taps the store was built with, and the
 target's tokenizer from ``--target`` or the store's ``target.name_or_path``) or from the target
-model itself (``--target``: :func:`~osprey_data.target.identify_target` and the default taps
+model itself (``--target``: :func:`~osprey_data.target_model.identify_target` and the default taps
 unless ``--taps``). Shared by the Osprey conversion and the EAGLE-3 initialisation.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError
 from osprey_data.store import StoreReader
-from osprey_data.target import (TapLayers, TargetIdentity, default_tap_layers, identify_target, load_hf_target,
+from osprey_data.target_model import (TapLayers, TargetIdentity, default_tap_layers, identify_target, load_hf_target,
                                 split_gguf, tokenizer_hash)
 
 __all__ = ["TargetSide", "resolve_target_side", "load_tokenizer"]

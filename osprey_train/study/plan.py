@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from osprey_data.target.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
+from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.study.config import PYPI_SMOLLM2, ArmSection, ModelSection, StudyConfig
 
 __all__ = ["Node", "Plan", "build_plan", "file_digest", "model_fingerprint", "EAGLE3_DEFAULT_DRAFT_VOCAB"]

@@ -26,13 +26,13 @@ from typing import Any
 
 from osprey_data.atomic import write_json
 from osprey_data.builder import BuildConfig
-from osprey_data.builder import run as build
+from osprey_data.builder.runner import run as build
 from osprey_data.conversation import read_records
 from osprey_data.corpus import TokenizeCorpusConfig
 from osprey_data.corpus import run as tokenize_corpus
 from osprey_data.errors import InputError
 from osprey_data.store import StoreReader
-from osprey_data.target.fetch import fetch_smollm2
+from osprey_data.target_model.fetch import fetch_smollm2
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as live_run

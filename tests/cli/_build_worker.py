@@ -11,7 +11,9 @@ import sys
 
 import torch
 
-from osprey_data.builder import BuildConfig, run
+from osprey_data.builder import BuildConfig
+
+from osprey_data.builder.runner import run
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # two workers share the test machine's cores

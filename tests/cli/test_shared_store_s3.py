@@ -23,7 +23,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from osprey_cli.main import cli
-from osprey_data.builder import BuildConfig, run
+from osprey_data.builder import BuildConfig
+from osprey_data.builder.runner import run
 from osprey_data.store import merge_store, validate_store
 from osprey_data.store.fs import StoreFS
 from tests.data.conftest import PROMPTS, write_jsonl

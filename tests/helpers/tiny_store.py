@@ -54,7 +54,9 @@ def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, nu
     """
     import json
 
-    from osprey_data.builder import BuildConfig, run
+    from osprey_data.builder import BuildConfig
+
+    from osprey_data.builder.runner import run
 
     out_dir = Path(out_dir)
     records = prompts if prompts is not None else _prompts(num_samples)

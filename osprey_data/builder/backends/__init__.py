@@ -7,6 +7,7 @@ from osprey_data.builder.backends.base import (
 )
 from osprey_data.builder.backends.hf import HFBackend
 from osprey_data.builder.backends.sglang import SGLangBackend
+from osprey_data.builder.config import BACKEND_NAMES
 
 __all__ = [
     "BACKENDS", "TargetBackend", "GenerationRequest", "GenerationResult", "SamplingParams",
@@ -17,3 +18,5 @@ BACKENDS: dict[str, type[TargetBackend]] = {
     "hf": HFBackend,
     "sglang": SGLangBackend,
 }
+
+assert tuple(BACKENDS) == BACKEND_NAMES, "builder/config.py BACKEND_NAMES must list every backend"

@@ -26,7 +26,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from osprey_data.builder.config import BuildConfig
-    from osprey_data.target import TargetIdentity
+    from osprey_data.target_model import TargetIdentity
 
 __all__ = [
     "GenerationRequest", "GenerationResult", "SequenceFeatures", "SamplingParams", "TargetBackend",
@@ -124,5 +124,5 @@ class TargetBackend(ABC):
                  final_hidden: bool) -> list[SequenceFeatures]:
         """Prefill complete sequences and return their features in order, unpadded."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op default; engines with workers override it
         """Release the model (engines with worker processes must shut them down)."""

@@ -5,7 +5,7 @@ samples from its own ``torch.Generator`` (seeded per sample and turn): a sample 
 tokens whatever batch or worker it lands in. Rows that finish leave the batch and the KV cache
 (``Cache.reorder_cache``), so a long answer does not make the short ones pay for its steps. Features come from one prefill of the final
 sequences (right padding, which causal attention never sees from real positions) with
-forward pre-hooks on the decoder layers (:class:`~osprey_data.target.TapCapture`): the input of
+forward pre-hooks on the decoder layers (:class:`~osprey_data.target_model.TapCapture`): the input of
 layer i is exactly HF's ``hidden_states[i]``; tap ``L`` is the post-norm last hidden state, as in HF. Logits are
 computed only for real (unpadded) positions, in chunks, through the model's own output head —
 checked once at start-up against the full model's logits so that models with extra logit
@@ -27,7 +27,7 @@ from osprey_data.builder.backends.base import (
 )
 from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import ConfigError, ModelError
-from osprey_data.target import TapCapture, decoder_layers, identify_target, load_hf_target, resolve_device, text_config
+from osprey_data.target_model import TapCapture, decoder_layers, identify_target, load_hf_target, resolve_device, text_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig

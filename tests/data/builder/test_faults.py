@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from osprey_cli.main import cli
-from osprey_data.builder import run
+from osprey_data.builder.runner import run
 from osprey_data.builder import runner as runner_module
 from osprey_data.builder.backends import hf as hf_module
 from osprey_data.errors import ConfigError, InputError, Interrupted, ManifestMismatchError

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from osprey_data.builder import BuildConfig, run
+from osprey_data.builder import BuildConfig
+
+from osprey_data.builder.runner import run
 from osprey_data.builder.backends import hf as hf_module
 from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.errors import ConfigError, InputError, ManifestMismatchError
@@ -204,7 +206,8 @@ def test_worker_flags_are_checked():
 _KILLABLE = """
 import sys, time, torch
 torch.set_num_threads(1)
-from osprey_data.builder import BuildConfig, run
+from osprey_data.builder import BuildConfig
+from osprey_data.builder.runner import run
 from osprey_data.builder.backends import hf
 original = hf.HFBackend.features
 def slow(self, *a, **k):  # slow enough to be killed between shard commits

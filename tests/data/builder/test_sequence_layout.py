@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from osprey_data.builder import BuildConfig, run
+from osprey_data.builder import BuildConfig
+
+from osprey_data.builder.runner import run
 from osprey_data.builder.runner import BUILDER_VERSION, SEQUENCE_LAYOUT
 from osprey_data.conversation.chat_template import ChatRenderer, stop_token_ids
 from osprey_data.errors import ManifestMismatchError

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from osprey_data.errors import ManifestMismatchError, StoreCorruptError

@@ -58,7 +58,7 @@ def make_drafter_dir(out_dir, *, preset: str = "tiny", seed: int = 0, draft_voca
     model = build_drafter(DrafterConfig.from_name(preset, **over))
     model.reset_parameters()
     with torch.no_grad():  # non-zero extra QKV columns: the condition matters from step 0
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2 and float(p.abs().sum()) == 0.0:
                 p.normal_(0.0, 0.02)
     if draft_vocab is not None:

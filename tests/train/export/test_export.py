@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.export import ExportConfig, load_export, run
 from osprey_train.export.sglang_model import map_weight_name
 from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, save_drafter
@@ -248,7 +248,7 @@ def test_sglang_registers_the_external_class():
     import osprey_train.export as package
 
     found = {}
-    for _, name, ispkg in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+    for _, name, _ispkg in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
         module = importlib.import_module(name)
         for cls in getattr(module, "EntryClass", []):
             found[cls.__name__] = cls

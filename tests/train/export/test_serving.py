@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, InputError, SchemaError
-from osprey_data.target import TapLayers
+from osprey_data.target_model import TapLayers
 from osprey_train.evaluation.cost_model import parse_cost
 from osprey_train.evaluation.sweep import SweepResult, SweepRow
 from osprey_train.evaluation.tree_shape import TreeShape

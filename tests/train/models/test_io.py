@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from osprey_data.errors import CheckpointError, ConfigError, SchemaError
-from osprey_data.target import TapLayers, TargetIdentity
+from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.models import (CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, load_drafter,
                                  save_drafter)
 

@@ -35,7 +35,7 @@ def make_fake_store(out: Path, target_dir: Path, *, taps=(1, 3, 4), num_samples:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from osprey_data.store import SampleRecord, StoreHeader, StoreWriter
-    from osprey_data.target import TapLayers, chat_template_hash, identify_target
+    from osprey_data.target_model import TapLayers, chat_template_hash, identify_target
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     tok = AutoTokenizer.from_pretrained(target_dir)

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, ManifestMismatchError
-from osprey_data.target import TapLayers
+from osprey_data.target_model import TapLayers
 from osprey_train.models import OspreyDrafter, load_drafter
 from osprey_train.stages.convert import ConvertConfig, run
 from tests.helpers.tiny import make_tiny_llama

@@ -160,7 +160,7 @@ def test_config_and_compatibility_errors(tmp_path, builder_store, greedy_setup):
         _cfg(tmp_path, tmp_path, builder_store)
     with pytest.raises(ConfigError, match="final_hidden"):
         run(_cfg(tmp_path, drafter, greedy_setup, target_dist="full"))
-    from osprey_data.target import TapLayers
+    from osprey_data.target_model import TapLayers
     from osprey_train.models import DrafterConfig, save_drafter
     from osprey_train.models.io import build_drafter
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from osprey_data.errors import ConfigError, InputError
-from osprey_data.target.identity import text_config
+from osprey_data.target_model.identity import text_config
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch

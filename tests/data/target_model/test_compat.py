@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from osprey_data.errors import ModelError
-from osprey_data.target import TapLayers, TargetIdentity, check_compatible
+from osprey_data.target_model import TapLayers, TargetIdentity, check_compatible
 
 TARGET = TargetIdentity(name_or_path="t", model_type="llama", config_hash="c" * 64, tokenizer_hash="k" * 64,
                         vocab_size=384, hidden_size=64, num_layers=6, dtype="float32")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError
-from osprey_data.target import TapCapture, decoder_layers
+from osprey_data.target_model import TapCapture, decoder_layers
 
 
 @pytest.fixture(scope="module")

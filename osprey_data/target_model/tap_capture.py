@@ -1,6 +1,6 @@
 """Taking a target's tapped hidden states with hooks during an ordinary forward pass.
 
-HF numbering (:class:`~osprey_data.target.taps.TapLayers`): tap ``i < L`` is the input of decoder
+HF numbering (:class:`~osprey_data.target_model.taps.TapLayers`): tap ``i < L`` is the input of decoder
 layer ``i`` (``hidden_states[i]``, 0 = the embeddings), tap ``L`` the final post-norm hidden state.
 Rather than asking the model for every layer's state (``output_hidden_states``: ``L + 1`` tensors
 kept alive per forward), a forward pre-hook on each tapped layer keeps a reference to that layer's
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from osprey_data.errors import ConfigError, ModelError
-from osprey_data.target.identity import text_config
+from osprey_data.target_model.identity import text_config
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

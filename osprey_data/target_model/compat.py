@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from osprey_data.errors import ModelError
-from osprey_data.target.identity import TargetIdentity
-from osprey_data.target.taps import TapLayers
+from osprey_data.target_model.identity import TargetIdentity
+from osprey_data.target_model.taps import TapLayers
 
 __all__ = ["check_compatible", "DrafterTargetSpec"]
 
