@@ -1,28 +1,56 @@
-"""What the wheel installs: only ``osprey``-prefixed import names, the schemas and the console script.
+"""What the wheel installs, and that it works installed the way users install it.
 
 A generic top-level name (``cli``, ``schemas``) can be overwritten, or deleted on uninstall, by
 any other distribution that ships the same name; these tests build the real wheel from the
-project's files and read its metadata.
+project's files and read its metadata. Then the wheel is installed, **not editable**, into a
+fresh virtual environment, and every module of the source tree is imported from there, every
+command's ``--help`` runs from its console script, and so does the tiny study preset: a module
+the wheel leaves out (a folder without ``__init__.py`` once dropped ``osprey_train/study/``) fails
+here, where the editable install of CI and the README could not notice.
 """
 
 from __future__ import annotations
 
 import configparser
+import json
+import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from osprey_cli.main import COMMANDS
+from tests.helpers.tiny_study import write_tiny_study
 
 ROOT = Path(__file__).resolve().parents[1]
 # What setuptools needs to build the wheel; copied so the build never writes into the checkout.
 _SOURCES = ("pyproject.toml", "setup.py", "README.md", "osprey_data", "osprey_train", "cli", "schemas")
 
 
+# import name -> repository folder, as setup.py maps them
+_ROOTS = {"osprey_data": "osprey_data", "osprey_train": "osprey_train", "osprey_cli": "cli",
+          "osprey_schemas": "schemas"}
+
+
+def _source_modules() -> set[str]:
+    """Every module of the source tree by import name (a folder of .py files is a package)."""
+    found = set()
+    for name, folder in _ROOTS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [name, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.add(".".join(parts))
+    return found
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
+def wheel_path(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in _SOURCES:
         path = ROOT / name
@@ -36,7 +64,12 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
                            str(out)], cwd=src, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     name = done.stdout.strip().splitlines()[-1]
-    return zipfile.ZipFile(out / name)
+    return out / name
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_path) -> zipfile.ZipFile:
+    return zipfile.ZipFile(wheel_path)
 
 
 def _dist_info(wheel: zipfile.ZipFile, file: str) -> str:
@@ -84,3 +117,99 @@ def test_no_source_folder_is_named_build():
     found = [p for top in ("osprey_data", "osprey_train", "cli", "schemas", "tests")
              for p in (ROOT / top).rglob("build") if p.is_dir()]
     assert not found, found
+
+
+def test_wheel_ships_every_module_of_the_source_tree(wheel):
+    shipped = set()
+    for name in wheel.namelist():
+        if name.endswith(".py") and not name.split("/", 1)[0].endswith(".dist-info"):
+            parts = name[:-3].split("/")
+            if parts[-1] == "__init__":
+                parts.pop()
+            shipped.add(".".join(parts))
+    missing = sorted(_source_modules() - shipped)
+    assert not missing, f"the wheel leaves out {len(missing)} modules: {missing[:10]}"
+
+
+@pytest.fixture(scope="module")
+def installed(wheel_path, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed non-editable; returns its bin/ folder.
+
+    The dependencies (torch, transformers, ...) are not reinstalled: a ``.pth`` file puts this
+    environment's site-packages folders after the venv's own. A path named in a ``.pth`` file is
+    not itself scanned for ``.pth`` files, so the editable install of the checkout (a finder
+    hooked in by its own ``.pth``) stays out, and the test below checks that ``osprey_*`` is
+    imported from the venv.
+    """
+    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    bindir = venv / "bin"
+    py = bindir / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    outer = []
+    for path in [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]:
+        if path not in outer and Path(path).is_dir():
+            outer.append(path)
+    Path(purelib, "_outer_dependencies.pth").write_text("\n".join(outer) + "\n", encoding="utf-8")
+    done = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return bindir
+
+
+def _clean_env() -> dict[str, str]:
+    # Nothing of the checkout on the path: only the installed wheel may provide osprey_*.
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def test_every_module_imports_from_the_installed_wheel(installed, tmp_path):
+    probe = """
+import importlib, json, sys
+names = json.loads(sys.argv[1])
+failed, outside = {}, []
+for name in names:
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = repr(exc)[:300]
+        continue
+    if not module.__file__.startswith(sys.prefix):
+        outside.append((name, module.__file__))
+print(json.dumps({"failed": failed, "outside": outside}))
+"""
+    names = sorted(_source_modules())
+    done = subprocess.run([str(installed / "python"), "-c", probe, json.dumps(names)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env=_clean_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not result["failed"], result["failed"]
+    assert not result["outside"], f"imported from outside the installed wheel: {result['outside'][:5]}"
+
+
+def test_every_command_help_runs_from_the_installed_script(installed, tmp_path):
+    script = installed / "osprey"
+    commands = [[]] + [[group, name] if group else [name] for group, names in COMMANDS.items()
+                       for name in names] + [[group] for group in COMMANDS if group]
+    failed = []
+    for argv in commands:
+        done = subprocess.run([str(script), *argv, "--help"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, env=_clean_env())
+        if done.returncode != 0 or "Usage:" not in done.stdout:
+            failed.append((argv, done.returncode, done.stderr[-500:]))
+    assert len(commands) > 15
+    assert not failed, failed
+
+
+def test_the_tiny_study_runs_from_the_installed_wheel(installed, tmp_path, tiny_llama_dir):
+    study = write_tiny_study(tmp_path / "spec", tiny_llama_dir)
+    out = tmp_path / "out"
+    env = {**_clean_env(), "OSPREY_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([str(installed / "osprey"), "study", "run", str(study), "--out", str(out), "--no-progress"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    done = subprocess.run([str(installed / "osprey"), "study", "status", str(study), "--out", str(out), "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads(done.stdout)
+    assert state["done"] == state["total"] > 0, state
