@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,9 @@ class WindowSampler:
             raise InputError(f"{corpus.path}: range of {self.end - self.start} tokens is too small for windows of "
                              f"{self.length} tokens (plus one of slack); use a shorter --seq-len or a bigger corpus")
 
+    # The cache holds its samplers alive; a run has one or two, which live as long as the run.
+    @lru_cache(maxsize=4)  # noqa: B019
     def _epoch(self, epoch: int) -> tuple[np.ndarray, int]:
-        # A per-sampler cache of the last epoch (a method-level lru_cache would keep every sampler alive).
-        cached = getattr(self, "_epoch_cache", None)
-        if cached is not None and cached[0] == epoch:
-            return cached[1]
-        self._epoch_cache = (epoch, self._make_epoch(epoch))
-        return self._epoch_cache[1]
-
-    def _make_epoch(self, epoch: int) -> tuple[np.ndarray, int]:
         rng = np.random.default_rng([self.seed, epoch, 0x05B1])
         slack = self.end - self.start - self.windows_per_epoch * self.length
         offset = int(rng.integers(0, slack + 1))
