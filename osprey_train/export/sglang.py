@@ -77,10 +77,10 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     ``README.md`` (:mod:`serving`: ``serving`` or the untuned default)."""
     cfg = model.config
     spec = drafter_spec(cfg.arch)
-    if spec.sglang_architecture is None:
+    spec.check_export(cfg, "sglang")
+    if spec.sglang_architecture is None:   # a spec that lets sglang through must name the class
         raise ConfigError(f"export --format sglang: SGLang has no model class for the {cfg.arch!r} drafter; "
                           "use --format hf")
-    spec.check_export(cfg, "sglang")
     doc = llama_layer_config(cfg, dtype)
     doc["target_hidden_size"] = cfg.target_hidden_size
     doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_sglang(),
