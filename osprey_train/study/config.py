@@ -299,11 +299,13 @@ class ArmSection:
             _fail(where, f"arch must be one of {arch_names()}, got {self.arch!r}")
         if self.stage2 not in _STAGE2:
             _fail(where, f"stage2 must be one of {_STAGE2}, got {self.stage2!r}")
+        with_backbone = "/".join(a for a in arch_names() if drafter_spec(a).needs_backbone)
+        without = "/".join(a for a in arch_names() if not drafter_spec(a).needs_backbone)
         if not drafter_spec(self.arch).needs_backbone and self.stage2 != "none":
-            _fail(where, f"stage2 applies to arms with a backbone; an {self.arch} arm trains from scratch "
+            _fail(where, f"stage2 applies to {with_backbone} arms; an {self.arch} arm trains from scratch "
                          "(set stage2 = \"none\")")
         if drafter_spec(self.arch).needs_backbone and self.layers != 1:
-            _fail(where, f"layers applies to arms without a backbone; an {self.arch} arm has [prune] layers")
+            _fail(where, f"layers applies to {without} arms; an {self.arch} arm has [prune] layers")
         if self.layers < 1:
             _fail(where, f"layers must be >= 1, got {self.layers}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
