@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from osprey_data.errors import ConfigError
+from osprey_train.drafters.registry import DRAFTERS, arch_names
 
 __all__ = ["prune", "convert"]
 
@@ -40,8 +41,8 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
 @click.option("--target", default=None, help="Target model (folder, .gguf, hub id) or its tokenizer folder.")
 @click.option("--store", default=None, help="Feature store of the target (identity, taps, eagle3 vocab).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output drafter folder.")
-@click.option("--arch", type=click.Choice(["osprey", "eagle3"]), default="osprey", show_default=True,
-              help="osprey: convert a pre-trained backbone; eagle3: a fresh EAGLE-3 baseline head.")
+@click.option("--arch", type=click.Choice(arch_names()), default=arch_names()[0], show_default=True,
+              help="; ".join(f"{s.name}: {s.summary}" for s in DRAFTERS.values()) + ".")
 @click.option("--taps", default=None, help="Comma-separated tap layers (HF hidden_states ids) without --store.")
 @click.option("--draft-vocab", "--draft-vocab-size", "draft_vocab_size", type=int, default=None,
               help="Draft vocabulary: the N target tokens most frequent at --store's loss-masked positions "

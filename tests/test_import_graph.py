@@ -13,12 +13,16 @@ Rules:
   keep torch off the ``--help`` path; third-party imports inside functions are only for the
   heavy or optional packages in ``LAZY_THIRD_PARTY``;
 - at run time (``TYPE_CHECKING`` imports aside) no module imports itself through others, and
-  neither does any subpackage (``osprey_data.store``, ``osprey_train.stages``, ...).
+  neither does any subpackage (``osprey_data.store``, ``osprey_train.stages``, ...);
+- old names stay gone: no module imports a renamed module (``osprey_data.target``, now
+  ``osprey_data.target_model``), and no module outside the drafter registry
+  (``osprey_train/drafters/``) switches on architecture names (``arch == ...``, ``== "eagle3"``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -231,3 +235,55 @@ def test_help_does_not_import_torch(args):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "HEAVY []" in done.stdout, done.stdout[-500:]
+
+
+# -- fences against old names coming back ------------------------------------------------------
+# Renamed or replaced names: a module importing one of them fails here, with the new name.
+RENAMED_MODULES = {"osprey_data.target": "osprey_data.target_model"}
+# Architecture switches: the drafter registry (osprey_train/drafters/) is the one place that knows
+# the architectures; everything else asks it (``drafter_spec(arch).needs_backbone`` and so on).
+REGISTRY = ROOT / "osprey_train" / "drafters"
+ARCH_SWITCH = re.compile(r"""\barch\b['"\]]*\s*==|(==|!=)\s*['"](osprey|eagle3)['"]|['"](osprey|eagle3)['"]\s*(==|!=)""")
+
+
+def _imported_names(tree: ast.AST) -> list[tuple[str, int]]:
+    """Absolute module names of every import (``from a import b`` gives ``a`` and ``a.b``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [(node.module, node.lineno)] + [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+    return found
+
+
+def _python_files() -> list[Path]:
+    return [p for folder in (*PACKAGES.values(), "tests", "benchmarks") for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_no_module_imports_a_renamed_module():
+    bad = [f"  {path.relative_to(ROOT)}:{line} imports {name} (now {new})"
+           for path in _python_files()
+           for name, line in _imported_names(ast.parse(path.read_text(encoding="utf-8")))
+           for old, new in RENAMED_MODULES.items() if name == old or name.startswith(old + ".")]
+    assert not bad, "renamed modules:\n" + "\n".join(bad)
+
+
+def test_architecture_switches_live_in_the_registry_only():
+    bad = [f"  {path.relative_to(ROOT)}:{i}: {line.strip()}"
+           for folder in ("osprey_train", "cli") for path in sorted((ROOT / folder).rglob("*.py"))
+           if REGISTRY not in path.parents
+           for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if ARCH_SWITCH.search(line)]
+    assert not bad, ("ask the drafter registry (osprey_train/drafters/registry.py: drafter_spec(arch)) instead of "
+                     "testing architecture names:\n" + "\n".join(bad))
+
+
+def test_the_fences_catch_what_they_are_for():
+    assert [n for n, _ in _imported_names(ast.parse("from osprey_data.target import TapLayers"))][0] == \
+        "osprey_data.target"
+    for line in ('if cfg.arch == "eagle3":', 'x = a if arm["arch"] == "osprey" else b', 'if "osprey" != kind:',
+                 "if config.arch == name:"):
+        assert ARCH_SWITCH.search(line), line
+    for line in ('arch: str = "osprey"', 'ConvertConfig(arch="eagle3")', 'roles.get("osprey")',
+                 "if config.arch != self.arch:", 'ROLES = ("osprey", "eagle3")'):
+        assert not ARCH_SWITCH.search(line), line

@@ -64,7 +64,7 @@ class ExportResult:
     out: Path
     """The exported folder."""
     arch: str
-    """'osprey' or 'eagle3'."""
+    """The drafter's architecture (a name in osprey_train/drafters/registry.py)."""
     format: str
     """The format written."""
     serving: ServingRecommendation | None = None

@@ -8,20 +8,17 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from osprey_data.atomic import atomic_dir
-from osprey_data.errors import CheckpointError, ConfigError
+from osprey_data.errors import CheckpointError
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
-           "t2d_mask", "check_eagle3_servable", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
-
-EAGLE3_NUM_TAPS = 3
-"""SGLang's LlamaForCausalLMEagle3 sizes fc as 3 x target hidden; vLLM's EAGLE-3 expects 3 aux states."""
+           "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Files next to a drafter that travel with every export (tokenizer of the target, stats).
@@ -50,19 +47,6 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
     mask = torch.zeros(vocab_size, dtype=torch.bool)
     mask[draft_to_target_Vd.to(torch.long)] = True
     return mask
-
-
-def check_eagle3_servable(config: Any, fmt: str) -> None:
-    """Refuse to export an EAGLE-3 drafter whose tap count or depth the engines cannot serve."""
-    if config.arch == "eagle3" and config.num_layers != 1:
-        raise ConfigError(f"export --format {fmt}: this EAGLE-3 drafter has {config.num_layers} layers; the "
-                          "engines' EAGLE-3 models run exactly one (the multi-layer drafter is a study control); "
-                          "export it with --format hf")
-    if config.arch == "eagle3" and config.num_taps != EAGLE3_NUM_TAPS:
-        raise ConfigError(f"export --format {fmt}: the EAGLE-3 drafter taps {config.num_taps} target layers "
-                          f"({list(config.tap_layers.layer_ids)}); the engines' EAGLE-3 models read exactly "
-                          f"{EAGLE3_NUM_TAPS} (fc is sized 3 x target hidden): convert it again from a store "
-                          f"built with 3 --layers")
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.export.common import copy_side_files, write_folder
 from osprey_train.models.base import Drafter
 from osprey_train.models.io import build_drafter, load_drafter, save_drafter
@@ -22,6 +23,7 @@ __all__ = ["write_hf", "read_hf"]
 
 def write_hf(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool) -> Path:
     """Write ``model`` (cast to ``dtype``) as an Osprey drafter checkpoint."""
+    drafter_spec(model.config.arch).check_export(model.config, "hf")
     def fill(tmp: Path) -> None:
         copy = build_drafter(model.config)
         copy.load_state_dict(model.state_dict())

@@ -26,6 +26,7 @@ from typing import Any
 from osprey_data.errors import ConfigError
 from osprey_data.schema_check import validate
 from osprey_data.text import printable
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.sweep import load_sweep
 from osprey_train.evaluation.tree_shape import TreeShape
 
@@ -81,7 +82,7 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
 def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, target: str | None) -> dict[str, Any]:
     """The ``serving.json`` document of an SGLang export at ``export_dir``."""
     draft_path = str(Path(export_dir).resolve())
-    env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"} if arch == "osprey" else {}
+    env = dict(drafter_spec(arch).serving_env)   # how SGLang finds the arch's model class
     args = ["python", "-m", "sglang.launch_server", "--model-path", target or "TARGET",
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_path,
             *rec.shape.sglang_flags()]
@@ -97,11 +98,11 @@ def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, targ
 
 def serving_readme(doc: dict[str, Any]) -> str:
     """The README snippet written next to the weights."""
-    install = "pip install osprey[sglang]  # the external model class OspreyDrafterForCausalLM\n" \
-        if doc["arch"] == "osprey" else ""
+    spec = drafter_spec(doc["arch"])
+    install = f"{spec.serving_install}\n" if spec.serving_install else ""
     lines = [
         "# Serving this drafter with SGLang", "",
-        f"Architecture: {'Osprey drafter (external class)' if doc['arch'] == 'osprey' else 'EAGLE-3 (stock class)'}; "
+        f"Architecture: {spec.serving_label}; "
         f"target: `{doc['target'] or 'TARGET'}`.", "",
         "```bash", f"{install}{doc['launch']}", "```", "",
         f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "

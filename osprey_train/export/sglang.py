@@ -32,20 +32,19 @@ from typing import Any
 import torch
 
 from osprey_data.atomic import write_json, write_text
-from osprey_data.errors import CheckpointError
+from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
-from osprey_train.export.common import (absolute_d2t, check_eagle3_servable, copy_side_files, dtype_name, load_tensors,
-                                        offset_d2t, read_json, save_tensors, t2d_mask, write_folder)
+from osprey_train.drafters.registry import DRAFTERS, drafter_spec, spec_for_sglang_architecture
+from osprey_train.export.common import (absolute_d2t, copy_side_files, dtype_name, load_tensors, offset_d2t, read_json,
+                                        save_tensors, t2d_mask, write_folder)
 from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc, serving_readme
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
-__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "eagle3_config_from_llama", "OSPREY_SGLANG_ARCH",
-           "EAGLE3_SGLANG_ARCH"]
+__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "eagle3_config_from_llama", "osprey_config_from_sglang",
+           "eagle3_config_from_sglang"]
 
-EAGLE3_SGLANG_ARCH = "LlamaForCausalLMEagle3"
-OSPREY_SGLANG_ARCH = "OspreyDrafterForCausalLM"
 WEIGHTS = "model.safetensors"
 
 
@@ -77,18 +76,19 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     """Write ``model`` in the layout SGLang loads (see module docstring), with ``serving.json`` and
     ``README.md`` (:mod:`serving`: ``serving`` or the untuned default)."""
     cfg = model.config
-    check_eagle3_servable(cfg, "sglang")
+    spec = drafter_spec(cfg.arch)
+    spec.check_export(cfg, "sglang")
+    if spec.sglang_architecture is None:   # a spec that lets sglang through must name the class
+        raise ConfigError(f"export --format sglang: SGLang has no model class for the {cfg.arch!r} drafter; "
+                          "use --format hf")
     doc = llama_layer_config(cfg, dtype)
     doc["target_hidden_size"] = cfg.target_hidden_size
     doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_sglang(),
                            "use_aux_hidden_state": True}
     # provenance: which target (and tokenizer) this drafter serves
     doc["osprey_target"] = None if cfg.target is None else cfg.target.to_dict()
-    if cfg.arch == "eagle3":
-        doc.update(architectures=[EAGLE3_SGLANG_ARCH], draft_vocab_size=cfg.draft_vocab_size)
-    else:
-        doc.update(architectures=[OSPREY_SGLANG_ARCH], draft_vocab_size=cfg.draft_vocab_size,
-                   osprey_drafter=cfg.to_dict())
+    doc.update(architectures=[spec.sglang_architecture], draft_vocab_size=cfg.draft_vocab_size,
+               **spec.sglang_fields(cfg))
     state = _engine_state(model, dtype)
 
     served = serving_doc(serving or recommend(None), export_dir=out, arch=cfg.arch,
@@ -118,7 +118,15 @@ def eagle3_config_from_llama(layer: dict[str, Any], *, draft_vocab_size: int, ta
     )
 
 
-def _config_from_llama(doc: dict, *, where: Path) -> DrafterConfig:
+def osprey_config_from_sglang(doc: dict, where: Path) -> DrafterConfig:
+    """The Osprey drafter's config from its SGLang config.json (it travels whole under ``osprey_drafter``)."""
+    if "osprey_drafter" not in doc:
+        raise CheckpointError(f"{where}: config.json lacks 'osprey_drafter'; not an Osprey SGLang export")
+    return DrafterConfig.from_dict(doc["osprey_drafter"])
+
+
+def eagle3_config_from_sglang(doc: dict, where: Path) -> DrafterConfig:
+    """The EAGLE-3 drafter's config from a LlamaForCausalLMEagle3 config.json."""
     try:
         return eagle3_config_from_llama(
             doc, draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
@@ -133,14 +141,12 @@ def read_sglang(path: Path) -> Drafter:
     path = Path(path)
     doc = read_json(path / "config.json")
     state = load_tensors(path / WEIGHTS)
-    arch = (doc.get("architectures") or [None])[0]
-    if arch == OSPREY_SGLANG_ARCH:
-        config = DrafterConfig.from_dict(doc["osprey_drafter"])
-    elif arch == EAGLE3_SGLANG_ARCH:
-        config = _config_from_llama(doc, where=path / "config.json")
-    else:
+    spec = spec_for_sglang_architecture((doc.get("architectures") or [None])[0])
+    if spec is None or spec.sglang_reader is None:
+        known = " or ".join(s.sglang_architecture for s in DRAFTERS.values() if s.sglang_reader)
         raise CheckpointError(f"{path / 'config.json'}: architectures {doc.get('architectures')} is not an "
-                              f"Osprey SGLang export ({EAGLE3_SGLANG_ARCH} or {OSPREY_SGLANG_ARCH})")
+                              f"Osprey SGLang export ({known})")
+    config = spec.load("sglang_reader")(doc, path / "config.json")
     if "d2t" in state:
         state["d2t"] = absolute_d2t(state["d2t"])
         state.pop("t2d", None)

@@ -28,8 +28,9 @@ import torch
 from osprey_data.atomic import write_json
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target_model import TapLayers
-from osprey_train.export.common import (absolute_d2t, check_eagle3_servable, copy_side_files, load_tensors, offset_d2t,
-                                        read_json, save_tensors, t2d_mask, write_folder)
+from osprey_train.drafters.registry import drafter_spec
+from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
+                                        save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config
 from osprey_train.models.base import Drafter
 from osprey_train.models.io import build_drafter
@@ -37,6 +38,8 @@ from osprey_train.models.io import build_drafter
 __all__ = ["write_vllm", "read_vllm", "SPECULATORS_VERSION"]
 
 SPECULATORS_VERSION = "0.3.0"
+SPECULATORS_MODEL_TYPE = "eagle3"
+"""``speculators_model_type`` (and the algorithm) of the layout: the speculators EAGLE-3 model."""
 # Target model_type -> HF architecture named in speculators_config.verifier (informational).
 _VERIFIER_ARCH = {"llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"], "qwen3": ["Qwen3ForCausalLM"],
                   "gemma3_text": ["Gemma3ForCausalLM"], "mistral": ["MistralForCausalLM"]}
@@ -47,11 +50,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
                speculative_tokens: int = 3) -> Path:
     """Write the EAGLE-3 drafter ``model`` in speculators format."""
     cfg = model.config
-    if cfg.arch != "eagle3":
-        raise ConfigError("export: vLLM has no model class for the Osprey drafter (N layers conditioned on the "
-                          "target in every layer); use --format sglang (with the shipped external model class) "
-                          "or --format hf")
-    check_eagle3_servable(cfg, "vllm")
+    drafter_spec(cfg.arch).check_export(cfg, "vllm")   # refuses the archs vLLM has no class for
     if cfg.target_hidden_size != cfg.hidden_size:
         raise ConfigError(f"export --format vllm: the drafter's hidden size {cfg.hidden_size} differs from the "
                           f"target's {cfg.target_hidden_size}; vLLM's EAGLE-3 loader sizes fc as 3 x the drafter "
@@ -60,7 +59,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
     target = cfg.target
     doc = {
         "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": SPECULATORS_MODEL_TYPE,
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": {**llama_layer_config(cfg, dtype), "architectures": ["LlamaForCausalLM"]},
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -68,7 +67,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_vllm(),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": SPECULATORS_MODEL_TYPE,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": None if target is None else target.name_or_path,
@@ -98,7 +97,7 @@ def read_vllm(path: Path) -> Drafter:
     """Load a speculators-format EAGLE-3 export back into an Eagle3Drafter."""
     path = Path(path)
     doc = read_json(path / "config.json")
-    if doc.get("speculators_model_type") != "eagle3":
+    if doc.get("speculators_model_type") != SPECULATORS_MODEL_TYPE:
         raise CheckpointError(f"{path / 'config.json'}: not a speculators eagle3 checkpoint")
     try:
         config = eagle3_config_from_llama(

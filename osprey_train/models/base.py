@@ -10,6 +10,8 @@ Legend: B batch, T tokens, L taps, Dt target hidden, D drafter hidden, V draft v
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -23,10 +25,14 @@ __all__ = ["Drafter"]
 class Drafter(nn.Module):
     """Base class of OspreyDrafter and Eagle3Drafter."""
 
+    arch: ClassVar[str]
+    """The ``config.arch`` this class builds (its name in osprey_train/drafters/registry.py)."""
     config: DrafterConfig
     lm_head: nn.Linear
 
     def __init__(self, config: DrafterConfig) -> None:
+        if config.arch != self.arch:
+            raise ModelError(f"{type(self).__name__} needs arch {self.arch!r}, got {config.arch!r}")
         super().__init__()
         self.config = config
 

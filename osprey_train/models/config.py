@@ -20,10 +20,10 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
+from osprey_train.drafters.registry import drafter_spec
 
-__all__ = ["DrafterConfig", "ARCHS", "FAMILIES", "PRESETS", "ROPE_TYPES"]
+__all__ = ["DrafterConfig", "FAMILIES", "PRESETS", "ROPE_TYPES"]
 
-ARCHS = ("osprey", "eagle3")
 FAMILIES = ("llama", "qwen2", "qwen3")
 # rope_scaling["rope_type"] values the re-implemented rotary embedding supports (see layers.py).
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -34,7 +34,8 @@ class DrafterConfig:
     """Shape, family, target and tap layers of one drafter."""
 
     arch: str = "osprey"
-    """'osprey' (N source-family layers, cond fed to every layer) or 'eagle3' (a layer reading [embedding; cond])."""
+    """A registered architecture (osprey_train/drafters/registry.py): 'osprey' (N source-family layers,
+    cond fed to every layer) or 'eagle3' (a layer reading [embedding; cond])."""
     family: str = "llama"
     """Decoder family the layers re-implement: 'llama', 'qwen2' (qkv bias) or 'qwen3' (q/k norm)."""
     num_layers: int = 2
@@ -74,8 +75,7 @@ class DrafterConfig:
     """The target this drafter was converted for (name, hashes, sizes), or None if unknown."""
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ConfigError(f"drafter arch {self.arch!r} is not one of {ARCHS}")
+        spec = drafter_spec(self.arch)
         if self.family not in FAMILIES:
             raise ConfigError(f"drafter family {self.family!r} is not one of {FAMILIES}")
         for name in ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -96,9 +96,7 @@ class DrafterConfig:
                 f"drafter config: draft_vocab_size={self.draft_vocab_size} exceeds the target "
                 f"vocab_size={self.vocab_size}"
             )
-        if self.arch == "eagle3":
-            if self.family != "llama" or self.qk_norm:
-                raise ConfigError("drafter config: eagle3 uses a Llama-style layer (family 'llama', no qk_norm)")
+        spec.check_config(self)
         if self.family == "qwen3" and not self.qk_norm:
             raise ConfigError("drafter config: family 'qwen3' needs qk_norm=True")
         if self.family != "qwen3" and self.qk_norm:

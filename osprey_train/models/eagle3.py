@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from osprey_data.errors import ModelError
 from osprey_train.models.attention import AttentionBackend
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
@@ -72,9 +71,9 @@ class PlainDecoderLayer(nn.Module):
 class Eagle3Drafter(Drafter):
     """EAGLE-3 baseline: frozen target embedding, one layer, draft-vocabulary LM head."""
 
+    arch = "eagle3"
+
     def __init__(self, config: DrafterConfig) -> None:
-        if config.arch != "eagle3":
-            raise ModelError(f"Eagle3Drafter needs arch 'eagle3', got {config.arch!r}")
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # copied from the target, frozen

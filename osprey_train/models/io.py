@@ -18,13 +18,12 @@ from safetensors.torch import load_file, save_file
 from osprey_data.atomic import atomic_dir, atomic_file, write_json
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.schema_check import validate
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
-from osprey_train.models.eagle3 import Eagle3Drafter
-from osprey_train.models.osprey import OspreyDrafter
 
 __all__ = ["save_drafter", "load_drafter", "build_drafter", "read_drafter_config", "write_drafter_folder",
-           "DRAFTER_CLASSES", "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
+           "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -33,12 +32,9 @@ FORMAT_VERSION = 1
 SCHEMA = "drafter-config.v1.json"
 
 
-DRAFTER_CLASSES: dict[str, type[Drafter]] = {"osprey": OspreyDrafter, "eagle3": Eagle3Drafter}
-
-
 def build_drafter(config: DrafterConfig) -> Drafter:
-    """A randomly initialised drafter of ``config.arch``."""
-    return DRAFTER_CLASSES[config.arch](config)
+    """A randomly initialised drafter of ``config.arch`` (its registered model class)."""
+    return drafter_spec(config.arch).load("model_class")(config)
 
 
 def config_document(config: DrafterConfig) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from osprey_data.errors import ModelError
 from osprey_train.models.attention import AttentionBackend
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
@@ -66,9 +65,9 @@ class _Body(nn.Module):
 class OspreyDrafter(Drafter):
     """N conditioned source-family layers over the target vocabulary (or a draft subset of it)."""
 
+    arch = "osprey"
+
     def __init__(self, config: DrafterConfig) -> None:
-        if config.arch != "osprey":
-            raise ModelError(f"OspreyDrafter needs arch 'osprey', got {config.arch!r}")
         super().__init__(config)
         self.model = _Body(config)
         self.w_c = nn.Linear(config.taps_width, config.hidden_size, bias=False)

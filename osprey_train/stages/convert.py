@@ -16,7 +16,9 @@ Steps (``osprey train convert --backbone DIR --target MODEL|--store STORE --out 
    the condition, W_c initialised non-zero (see ``osprey.init_w_c`` for why);
 5. ``model.safetensors`` + ``config.json`` (+ the target tokenizer) written atomically.
 
-``--arch eagle3`` delegates to ``eagle3_init`` (random body, target embedding, store draft vocab).
+``run`` calls the convert entry of ``--arch`` from the drafter registry (osprey_train/drafters): for
+``osprey`` the steps above (:func:`convert_osprey`), for ``eagle3`` ``eagle3_init`` (random body,
+target embedding, store draft vocab).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import torch
 
 from osprey_data.errors import ConfigError, InputError
 from osprey_data.target_model import TapLayers
+from osprey_train.drafters.eagle3 import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
+from osprey_train.drafters.registry import arch_names, drafter_spec
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.models.osprey import OspreyDrafter, init_w_c
@@ -39,11 +43,9 @@ from osprey_train.stages.prune import load_source
 from osprey_train.stages.target_side import TargetSide, resolve_target_side
 from osprey_train.stages.vocab_align import align_vocab
 
-__all__ = ["ConvertConfig", "ConvertResult", "run", "convert_backbone"]
+__all__ = ["ConvertConfig", "ConvertResult", "run", "convert_backbone", "convert_osprey", "convert_eagle3"]
 
 STATS_FILE = "alignment_stats.json"
-EAGLE3_DRAFT_VOCAB = 32000
-"""--arch eagle3 draft vocabulary size when --draft-vocab is not given."""
 
 
 @dataclass(kw_only=True)
@@ -53,7 +55,8 @@ class ConvertConfig:
     out: Path
     """Output drafter folder."""
     arch: str = "osprey"
-    """'osprey' (needs --backbone) or 'eagle3' (needs --target and --store)."""
+    """A registered architecture (osprey_train/drafters/registry.py): 'osprey' (needs --backbone) or
+    'eagle3' (needs --target and --store)."""
     backbone: Path | None = None
     """Pre-trained (pruned) HF backbone folder: Llama / Qwen2 / Qwen3."""
     target: str | None = None
@@ -64,8 +67,8 @@ class ConvertConfig:
     """Tap layers (HF hidden_states convention) when there is no store; default [2, L//2, L-3]."""
     draft_vocab_size: int | None = None
     """``--draft-vocab N``: the draft vocabulary, the N target tokens most frequent at the store's
-    loss-masked positions (needs ``--store``). None: osprey predicts the full target vocabulary,
-    eagle3 takes 32000 tokens."""
+    loss-masked positions (needs ``--store``). None: the arch's ``default_draft_vocab`` (osprey: the full
+    target vocabulary, eagle3: 32000 tokens)."""
     seed: int = 0
     """Seed of the random parts (W_c; eagle3 body)."""
     eagle3_layers: int = 1
@@ -75,20 +78,11 @@ class ConvertConfig:
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        if self.arch not in ("osprey", "eagle3"):
-            raise ConfigError(f"convert: --arch must be 'osprey' or 'eagle3', got {self.arch!r}")
-        if self.arch == "osprey":
-            if self.backbone is None:
-                raise ConfigError("convert: --backbone is required for --arch osprey")
+        if self.arch not in arch_names():
+            raise ConfigError(f"convert: --arch must be one of {list(arch_names())}, got {self.arch!r}")
+        drafter_spec(self.arch).check_convert(self)   # which of --backbone / --target / --store it needs
+        if self.backbone is not None:
             self.backbone = Path(self.backbone)
-            if self.target is None and self.store is None:
-                raise ConfigError("convert: pass --target MODEL or --store STORE (or both)")
-        else:
-            if self.target is None or self.store is None:
-                raise ConfigError("convert --arch eagle3 needs both --target MODEL and --store STORE")
-        if self.arch != "eagle3" and self.eagle3_layers != 1:
-            raise ConfigError("convert: --eagle3-layers applies to --arch eagle3 only (an Osprey drafter has the "
-                              "backbone's layers)")
         if self.taps is not None:
             self.taps = tuple(int(t) for t in self.taps)
             if self.store is not None:
@@ -158,7 +152,8 @@ def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, 
     return drafter.eval(), alignment
 
 
-def _run_osprey(config: ConvertConfig) -> ConvertResult:
+def convert_osprey(config: ConvertConfig) -> ConvertResult:
+    """``convert --arch osprey``: the steps of the module docstring (the osprey arch's convert entry)."""
     if not (config.backbone / "config.json").is_file():
         raise InputError(f"convert: --backbone {config.backbone} has no config.json; pass the HF folder "
                          "written by `osprey train prune` / `osprey train pretrain`")
@@ -183,12 +178,15 @@ def _run_osprey(config: ConvertConfig) -> ConvertResult:
     return ConvertResult(out=config.out, stats=stats)
 
 
+def convert_eagle3(config: ConvertConfig) -> ConvertResult:
+    """``convert --arch eagle3``: random body, target embedding, store draft vocabulary (``eagle3_init``)."""
+    size = EAGLE3_DRAFT_VOCAB if config.draft_vocab_size is None else config.draft_vocab_size
+    result = run_eagle3(Eagle3InitConfig(target=config.target, store=config.store, out=config.out,
+                                         draft_vocab_size=size, seed=config.seed,
+                                         num_layers=config.eagle3_layers, overwrite=config.overwrite))
+    return ConvertResult(out=result.out, stats=result.stats)
+
+
 def run(config: ConvertConfig) -> ConvertResult:
-    """Convert a backbone into an Osprey drafter, or initialise an EAGLE-3 baseline."""
-    if config.arch == "eagle3":
-        size = EAGLE3_DRAFT_VOCAB if config.draft_vocab_size is None else config.draft_vocab_size
-        result = run_eagle3(Eagle3InitConfig(target=config.target, store=config.store, out=config.out,
-                                             draft_vocab_size=size, seed=config.seed,
-                                             num_layers=config.eagle3_layers, overwrite=config.overwrite))
-        return ConvertResult(out=result.out, stats=result.stats)
-    return _run_osprey(config)
+    """Write the initial drafter of ``config.arch``: its registered convert entry (``DrafterSpec.convert``)."""
+    return drafter_spec(config.arch).load("convert")(config)

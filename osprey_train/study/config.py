@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.errors import ConfigError
+from osprey_train.drafters.registry import arch_names, drafter_spec
 
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
            "PruneSection", "PretrainSection", "DistillSection", "EvalSection", "ArmSection", "LiveSection",
@@ -41,7 +42,6 @@ ROLES = ("osprey", "eagle3", "osprey_no_stage2", "osprey_kd", "eagle3_2l", "ospr
          "osprey_teacher_forced", "eagle3_teacher_forced")
 """Roles an arm can play in the report's claims (``[report.roles]``)."""
 
-_ARCHS = ("osprey", "eagle3")
 _STAGE2 = ("none", "plain", "kd")
 _TRAIN_DATA = ("regenerated", "teacher-forced")
 
@@ -295,14 +295,17 @@ class ArmSection:
     def check(self, where: str) -> None:
         if not self.name or "/" in self.name:
             _fail(where, f"name must be a non-empty label without '/', got {self.name!r}")
-        if self.arch not in _ARCHS:
-            _fail(where, f"arch must be one of {_ARCHS}, got {self.arch!r}")
+        if self.arch not in arch_names():
+            _fail(where, f"arch must be one of {arch_names()}, got {self.arch!r}")
         if self.stage2 not in _STAGE2:
             _fail(where, f"stage2 must be one of {_STAGE2}, got {self.stage2!r}")
-        if self.arch == "eagle3" and self.stage2 != "none":
-            _fail(where, "stage2 applies to osprey arms; an EAGLE-3 arm trains from scratch (set stage2 = \"none\")")
-        if self.arch == "osprey" and self.layers != 1:
-            _fail(where, "layers applies to eagle3 arms; an Osprey arm has [prune] layers")
+        with_backbone = "/".join(a for a in arch_names() if drafter_spec(a).needs_backbone)
+        without = "/".join(a for a in arch_names() if not drafter_spec(a).needs_backbone)
+        if not drafter_spec(self.arch).needs_backbone and self.stage2 != "none":
+            _fail(where, f"stage2 applies to {with_backbone} arms; an {self.arch} arm trains from scratch "
+                         "(set stage2 = \"none\")")
+        if drafter_spec(self.arch).needs_backbone and self.layers != 1:
+            _fail(where, f"layers applies to {without} arms; an {self.arch} arm has [prune] layers")
         if self.layers < 1:
             _fail(where, f"layers must be >= 1, got {self.layers}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):

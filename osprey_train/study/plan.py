@@ -26,12 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.study.config import PYPI_SMOLLM2, ArmSection, ModelSection, StudyConfig
 
-__all__ = ["Node", "Plan", "build_plan", "file_digest", "model_fingerprint", "EAGLE3_DEFAULT_DRAFT_VOCAB"]
-
-EAGLE3_DEFAULT_DRAFT_VOCAB = 32000
-"""EAGLE-3 draft vocabulary when ``[distill] draft_vocab`` is not set (convert's default)."""
+__all__ = ["Node", "Plan", "build_plan", "file_digest", "model_fingerprint"]
 
 # Files of a local model folder read whole into its fingerprint; larger ones by head, tail and size.
 _SMALL_FILE = 16 << 20
@@ -170,8 +168,9 @@ class _Builder:
 
 
 def _arm_factor(cfg: StudyConfig, arm: ArmSection) -> float:
-    """Relative cost of one distillation slot (an EAGLE-3 layer = 1)."""
-    return 0.5 + 0.75 * cfg.prune.layers if arm.arch == "osprey" else 0.5 + 0.5 * arm.layers
+    """Relative cost of one distillation slot (the arch's cost per layer times its depth)."""
+    spec = drafter_spec(arm.arch)
+    return 0.5 + spec.study_layer_cost * (cfg.prune.layers if spec.needs_backbone else arm.layers)
 
 
 def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None = None) -> Plan:
@@ -225,7 +224,7 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
             store(d.name, "train", data)
 
     pretrain: dict[str, Node] = {}
-    needs_backbone = any(a.arch == "osprey" for a in cfg.arms)
+    needs_backbone = any(drafter_spec(a.arch).needs_backbone for a in cfg.arms)
     prune = corpus = None
     if needs_backbone:
         prune = b.add(Node("prune", {"layers": cfg.prune.layers}, {"source": source},
@@ -271,17 +270,17 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
     for arm in cfg.arms:
         for seed in arm.seeds:
             backbone = None
-            if arm.arch == "osprey":
+            if drafter_spec(arm.arch).needs_backbone:
                 backbone = prune if arm.stage2 == "none" else pretrain.get(arm.stage2) or stage2(arm.stage2)
             for domain in cfg.arm_domains(arm):
                 train_store = stores[domain, "train", arm.train_data]
                 settings: dict[str, Any] = {"arch": arm.arch, "seed": seed}
                 deps = {"store": train_store, "target": target}
-                if arm.arch == "osprey":
+                if drafter_spec(arm.arch).needs_backbone:
                     settings["draft_vocab"] = ds.draft_vocab
                     deps["backbone"] = backbone
-                else:
-                    settings["draft_vocab"] = ds.draft_vocab or EAGLE3_DEFAULT_DRAFT_VOCAB
+                else:   # the arch's convert default, written out so that the stage key shows it
+                    settings["draft_vocab"] = ds.draft_vocab or drafter_spec(arm.arch).default_draft_vocab
                     settings["layers"] = arm.layers
                 conv = b.add(Node("convert", settings, deps, label=f"convert {arm.name} seed {seed} for {domain}",
                                   arm=arm.name, seed=seed, domain=domain, cost=1))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_json, write_text
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
 from osprey_train.study.claims import check_claims
 from osprey_train.study.config import StudyConfig
@@ -239,8 +240,9 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         s = m["summary"]
         per = [x["summary"]["mean"] for x in m["per_seed"].values()]
         spread = max(per) - min(per) if len(per) > 1 and None not in per else None
-        what = (f"{arm['arch']}" + (f" {arm['layers']}L" if arm["arch"] == "eagle3" else "")
-                + (f", Stage 2 {arm['stage2']}" if arm["arch"] == "osprey" else "")
+        backbone = drafter_spec(arm["arch"]).needs_backbone
+        what = (f"{arm['arch']}" + (f" {arm['layers']}L" if not backbone else "")
+                + (f", Stage 2 {arm['stage2']}" if backbone else "")
                 + f", lr {arm['lr']:.0e}" + (", teacher-forced data" if arm["train_data"] != "regenerated" else ""))
         rows.append([f"`{arm['name']}`", what, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]),
                      str(len(m["seeds"])), _f(spread)])

@@ -33,6 +33,7 @@ from osprey_data.corpus import run as tokenize_corpus
 from osprey_data.errors import InputError
 from osprey_data.store import StoreReader
 from osprey_data.target_model.fetch import fetch_smollm2
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as live_run
@@ -181,10 +182,10 @@ def _convert(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
     target_arg = str(Path(target) / gguf) if gguf else target
     common = dict(out=work / OUTPUTS["convert"], store=str(inputs.out("store")), target=target_arg, seed=s["seed"],
                   draft_vocab_size=s["draft_vocab"])
-    if s["arch"] == "osprey":
-        result = convert(ConvertConfig(arch="osprey", backbone=inputs.out("backbone"), **common))
+    if drafter_spec(s["arch"]).needs_backbone:
+        result = convert(ConvertConfig(arch=s["arch"], backbone=inputs.out("backbone"), **common))
     else:
-        result = convert(ConvertConfig(arch="eagle3", eagle3_layers=s["layers"], **common))
+        result = convert(ConvertConfig(arch=s["arch"], eagle3_layers=s["layers"], **common))
     return {k: v for k, v in result.stats.items() if isinstance(v, (int, float, str))}
 
 

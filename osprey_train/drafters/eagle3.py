@@ -1,0 +1,67 @@
+"""Registry entry of the EAGLE-3 baseline: one Llama layer reading [embedding; fused taps].
+
+Torch-free (read by the CLI, configs and the study). Its code: :mod:`osprey_train.models.eagle3`
+(model), :func:`osprey_train.stages.convert.convert_eagle3` (Stage 3, through
+:mod:`osprey_train.stages.eagle3_init`),
+:func:`osprey_train.export.sglang.eagle3_config_from_sglang` and the vLLM (speculators) layout of
+:mod:`osprey_train.export.vllm`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from osprey_data.errors import ConfigError
+from osprey_train.drafters.spec import DrafterSpec
+
+__all__ = ["SPEC", "SGLANG_ARCHITECTURE", "NUM_TAPS", "DEFAULT_DRAFT_VOCAB"]
+
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+"""SGLang's stock EAGLE-3 draft model class."""
+NUM_TAPS = 3
+"""SGLang's LlamaForCausalLMEagle3 sizes fc as 3 x target hidden; vLLM's EAGLE-3 expects 3 aux states."""
+DEFAULT_DRAFT_VOCAB = 32000
+"""Draft vocabulary size when --draft-vocab is not given (EAGLE-3's usual 32k)."""
+
+
+def _check_config(config: Any) -> None:
+    if config.family != "llama" or config.qk_norm:
+        raise ConfigError("drafter config: eagle3 uses a Llama-style layer (family 'llama', no qk_norm)")
+
+
+def _check_convert(config: Any) -> None:
+    if config.target is None or config.store is None:
+        raise ConfigError("convert --arch eagle3 needs both --target MODEL and --store STORE")
+
+
+def _check_export(config: Any, fmt: str) -> None:
+    """The engines' EAGLE-3 classes run one layer reading exactly 3 taps; --format hf takes any."""
+    if fmt == "hf":
+        return
+    if config.num_layers != 1:
+        raise ConfigError(f"export --format {fmt}: this EAGLE-3 drafter has {config.num_layers} layers; the "
+                          "engines' EAGLE-3 models run exactly one (the multi-layer drafter is a study control); "
+                          "export it with --format hf")
+    if config.num_taps != NUM_TAPS:
+        raise ConfigError(f"export --format {fmt}: the EAGLE-3 drafter taps {config.num_taps} target layers "
+                          f"({list(config.tap_layers.layer_ids)}); the engines' EAGLE-3 models read exactly "
+                          f"{NUM_TAPS} (fc is sized 3 x target hidden): convert it again from a store "
+                          f"built with 3 --layers")
+
+
+SPEC = DrafterSpec(
+    name="eagle3",
+    summary="a fresh EAGLE-3 baseline head shaped like the target (needs --target and --store)",
+    model_class="osprey_train.models.eagle3:Eagle3Drafter",
+    convert="osprey_train.stages.convert:convert_eagle3",
+    needs_backbone=False,
+    default_draft_vocab=DEFAULT_DRAFT_VOCAB,
+    study_layer_cost=0.5,
+    tiny={"num_layers": 1, "draft_vocab_size": 128},
+    check_config=_check_config,
+    check_convert=_check_convert,
+    check_export=_check_export,
+    sglang_architecture=SGLANG_ARCHITECTURE,
+    sglang_reader="osprey_train.export.sglang:eagle3_config_from_sglang",
+    serving_label="EAGLE-3 (stock class)",
+)

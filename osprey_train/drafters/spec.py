@@ -1,0 +1,100 @@
+"""What an architecture tells the rest of Osprey: one :class:`DrafterSpec`.
+
+A spec is plain data and torch-free callables (option checks, export refusals, serving texts),
+plus the places of its code -- the ``nn.Module`` class, the convert entry, the SGLang read-back --
+as ``"module:attribute"`` references imported on first use (:meth:`DrafterSpec.load`).
+
+Why references and not imports: the table sits at the bottom of the import graph. The CLI reads
+it for the ``--arch`` choices (and ``osprey --help`` must not import torch), ``DrafterConfig``
+checks its ``arch`` against it, and the model classes need ``DrafterConfig``: importing the
+classes from here would be an import circle. The registry contract test
+(tests/train/drafters/test_registry.py) loads every reference of every registered architecture,
+so a wrong one fails there, by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from osprey_data.errors import ConfigError, ModelError
+
+__all__ = ["DrafterSpec", "no_check", "hf_only", "no_sglang_fields", "load_reference"]
+
+
+def no_check(config: Any) -> None:
+    """A check hook that accepts everything."""
+
+
+def hf_only(config: Any, fmt: str) -> None:
+    """The default export hook: Osprey's own ``hf`` format only (no engine class is known to serve the arch)."""
+    if fmt != "hf":
+        raise ConfigError(f"export --format {fmt}: no {fmt} model class serves the {config.arch!r} drafter; "
+                          "use --format hf")
+
+
+def no_sglang_fields(config: Any) -> dict[str, Any]:
+    """No architecture-specific keys in the SGLang config.json."""
+    return {}
+
+
+def load_reference(reference: str, *, what: str) -> Any:
+    """The object named by ``"package.module:attribute"``; a ModelError naming ``what`` if it is not there."""
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not attr:
+        raise ModelError(f"{what}: {reference!r} is not a 'module:attribute' reference")
+    found = getattr(importlib.import_module(module_name), attr, None)
+    if found is None:
+        raise ModelError(f"{what}: module {module_name} has no attribute {attr!r}")
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterSpec:
+    """One drafter architecture: what the CLI, configs, convert, export and the study ask about it."""
+
+    name: str
+    """The ``arch`` value in config.json and the ``--arch`` / study ``arch`` choice."""
+    summary: str
+    """One line: what the architecture is (``--arch`` help, docs)."""
+    model_class: str
+    """``"module:attribute"`` of its :class:`~osprey_train.models.base.Drafter` subclass (``arch`` = ``name``)."""
+    convert: str
+    """``"module:attribute"`` of its ``osprey train convert`` entry: ``ConvertConfig -> ConvertResult``."""
+    needs_backbone: bool
+    """Convert starts from a pre-trained backbone (``--backbone``; the study prunes and pre-trains one and
+    applies the arm's ``stage2``). False: the drafter is shaped from the target and its depth is
+    ``--eagle3-layers`` (the study arm's ``layers``)."""
+    default_draft_vocab: int | None = None
+    """Draft vocabulary size when ``--draft-vocab`` is not given; None: the full target vocabulary."""
+    study_layer_cost: float = 0.5
+    """Relative distillation cost of one decoder layer, for the study's work estimates."""
+    tiny: Mapping[str, Any] = field(default_factory=dict)
+    """DrafterConfig overrides of the ``tiny`` preset that give a tiny drafter of this arch (tests)."""
+    check_config: Callable[[Any], None] = no_check
+    """Arch rules of a DrafterConfig (raise ConfigError), run by ``DrafterConfig.__post_init__``."""
+    check_convert: Callable[[Any], None] = no_check
+    """Arch rules of a ConvertConfig (which of --backbone/--target/--store it needs); raise ConfigError."""
+    check_export: Callable[[Any, str], None] = hf_only
+    """``(DrafterConfig, format)``: raise ConfigError when ``osprey export --format`` cannot serve it. The
+    ``sglang`` writer also needs ``sglang_architecture``; the ``vllm`` one writes the speculators EAGLE-3 layout."""
+    sglang_architecture: str | None = None
+    """``architectures[0]`` of its SGLang export: the model class SGLang runs it with."""
+    sglang_fields: Callable[[Any], dict[str, Any]] = no_sglang_fields
+    """Arch-specific keys of the SGLang config.json (after ``architectures`` and ``draft_vocab_size``)."""
+    sglang_reader: str | None = None
+    """``"module:attribute"`` of ``(config.json document, its path) -> DrafterConfig`` reading that export back."""
+    serving_label: str = ""
+    """README wording of the SGLang model class that serves it."""
+    serving_env: Mapping[str, str] = field(default_factory=dict)
+    """Environment SGLang needs to find its model class (serving.json ``env``)."""
+    serving_install: str = ""
+    """README install line before the launch command ('' when SGLang's stock class serves it)."""
+
+    def load(self, hook: str) -> Any:
+        """The object behind the reference field ``hook`` ('model_class', 'convert' or 'sglang_reader')."""
+        reference = getattr(self, hook)
+        if reference is None:
+            raise ModelError(f"drafter arch {self.name!r} has no {hook}")
+        return load_reference(reference, what=f"drafter arch {self.name!r} {hook}")

@@ -1,0 +1,160 @@
+"""The drafter registry's contract, checked for every registered architecture.
+
+Each arch builds a tiny model from its spec, round-trips save/load, runs a TTT forward (loss and
+backward) and a chain draft, and either exports to each format and reads it back, or refuses that
+format with a ConfigError before writing anything. A new architecture registered in
+``osprey_train/drafters/registry.py`` is covered here without writing a test.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from osprey_data.errors import ConfigError
+from osprey_train.drafters.registry import DRAFTERS, arch_names, drafter_spec, register_drafter
+from osprey_train.drafters.spec import DrafterSpec
+from osprey_train.evaluation.chain_draft import draft_all_positions
+from osprey_train.export import EXPORTERS, ExportConfig, load_export
+from osprey_train.export import run as export_run
+from osprey_train.models import CausalAttention, Drafter, DrafterConfig, load_drafter, save_drafter
+from osprey_train.models.io import build_drafter
+from osprey_train.ttt.attention import document_positions
+from osprey_train.ttt.loss import VocabMap
+from osprey_train.ttt.unroll import PackedBatch, ttt_loss
+
+V, DT, TAPS = 384, 64, 3   # the tiny preset's target: vocabulary, hidden size, taps
+
+
+def tiny_drafter(name: str, seed: int = 0) -> Drafter:
+    """A tiny drafter of arch ``name`` from its spec, every weight random (a draft vocab if it has one)."""
+    spec = drafter_spec(name)
+    torch.manual_seed(seed)
+    model = build_drafter(DrafterConfig.from_name("tiny", arch=name, **spec.tiny))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    if model.config.draft_vocab_size < V:
+        model.set_draft_vocab(torch.randperm(V)[: model.config.draft_vocab_size].sort().values)
+    return model.eval()
+
+
+def tiny_batch(seed: int = 1, lengths=(7, 9), k: int = 4) -> PackedBatch:
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
+    logprobs = torch.log_softmax(torch.randn(1, T, V, generator=g) * 3, -1).topk(k, dim=-1)
+    return PackedBatch(input_ids_BT=torch.randint(0, V, (1, T), generator=g), doc_ids_BT=doc,
+                       position_ids_BT=document_positions(doc), taps_BTLDt=torch.randn(1, T, TAPS, DT, generator=g),
+                       loss_mask_BT=torch.ones(1, T, dtype=torch.bool), topk_ids_BTK=logprobs.indices.int(),
+                       topk_logprobs_BTK=logprobs.values)
+
+
+def logits(model: Drafter, seed: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids, taps = torch.randint(0, V, (1, 6), generator=g), torch.randn(1, 6, TAPS, DT, generator=g)
+    with torch.no_grad():
+        hidden = model.forward_hidden(ids, model.fuse_taps(taps.to(model.lm_head.weight.dtype)),
+                                      torch.arange(6)[None], CausalAttention())
+        return model.logits(hidden).float()
+
+
+@pytest.fixture(params=arch_names())
+def arch(request) -> str:
+    return request.param
+
+
+def test_the_table_holds_the_builtin_archs_and_the_cli_offers_them():
+    from osprey_cli.model_cmds import convert
+
+    assert arch_names()[:2] == ("osprey", "eagle3")
+    (arch_option,) = [p for p in convert.params if p.name == "arch"]
+    assert tuple(arch_option.type.choices) == arch_names() and arch_option.default == arch_names()[0]
+
+
+def test_references_resolve_to_the_arch_code(arch):
+    spec = drafter_spec(arch)
+    cls = spec.load("model_class")
+    assert issubclass(cls, Drafter) and cls.arch == arch
+    assert callable(spec.load("convert"))
+    if spec.sglang_reader is not None:
+        assert callable(spec.load("sglang_reader")) and spec.sglang_architecture
+
+
+def test_save_load_round_trip(arch, tmp_path):
+    model = tiny_drafter(arch)
+    save_drafter(model, tmp_path / "d")
+    back = load_drafter(tmp_path / "d")
+    assert type(back) is type(model) and back.config == model.config
+    assert torch.equal(logits(back), logits(model))
+
+
+def test_ttt_forward_and_chain_draft(arch):
+    model = tiny_drafter(arch).train()
+    batch = tiny_batch()
+    out = ttt_loss(model, batch, steps=3, vmap=VocabMap.from_drafter(model.draft_to_target, V),
+                   score_out_of_vocab=True)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and out.metrics["scored_k2"] > 0
+    assert model.taps_projection().weight.grad.abs().sum() > 0
+    model.eval()
+    drafts = draft_all_positions(model, batch.input_ids_BT[0], batch.taps_BTLDt[0], 3)
+    assert drafts.shape == (batch.input_ids_BT.shape[1] - 1, 3)
+    allowed = set(range(V)) if model.draft_to_target is None else set(model.draft_to_target.tolist())
+    assert set(drafts.flatten().tolist()) <= allowed   # drafts are target ids of the draft vocabulary
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPORTERS))
+def test_export_writes_or_refuses_cleanly(arch, fmt, tmp_path):
+    model = tiny_drafter(arch)
+    save_drafter(model, tmp_path / "d")
+    out = tmp_path / "out"
+    if not _serves(arch, fmt):   # refused with the arch's own message, before anything is written
+        with pytest.raises(ConfigError) as refusal:
+            drafter_spec(arch).check_export(model.config, fmt)
+        with pytest.raises(ConfigError, match=re.escape(str(refusal.value))):
+            export_run(ExportConfig(drafter=tmp_path / "d", format=fmt, out=out))
+        assert not out.exists()
+        return
+    result = export_run(ExportConfig(drafter=tmp_path / "d", format=fmt, out=out))
+    assert result.arch == arch
+    back = load_export(out, fmt)
+    assert back.config.arch == arch
+    assert torch.allclose(logits(back), logits(model), atol=1e-5)
+
+
+def test_the_builtin_export_matrix():
+    """What each built-in arch serves: osprey everywhere but vLLM, eagle3 everywhere (1 layer, 3 taps)."""
+    served = {a: [f for f in sorted(EXPORTERS) if _serves(a, f)] for a in ("osprey", "eagle3")}
+    assert served == {"osprey": ["hf", "sglang"], "eagle3": ["hf", "sglang", "vllm"]}
+    two = DrafterConfig.from_name("tiny-eagle3", num_layers=2)
+    with pytest.raises(ConfigError, match="exactly one"):
+        drafter_spec("eagle3").check_export(two, "sglang")
+
+
+def _serves(arch: str, fmt: str) -> bool:
+    try:
+        drafter_spec(arch).check_export(tiny_drafter(arch).config, fmt)
+    except ConfigError:
+        return False
+    return True
+
+
+def test_registration_refuses_duplicates_and_bad_names():
+    spec = drafter_spec("eagle3")
+    with pytest.raises(ConfigError, match="registered twice"):
+        register_drafter(spec)
+    for bad in ("Eagle-4", "", "4x"):
+        with pytest.raises(ConfigError, match="lower-case"):
+            register_drafter(DrafterSpec(name=bad, summary="", model_class="m:c", convert="m:c", needs_backbone=False))
+    with pytest.raises(ConfigError, match="already 'eagle3'"):
+        register_drafter(DrafterSpec(name="copycat", summary="", model_class="m:c", convert="m:c",
+                                     needs_backbone=False, sglang_architecture=spec.sglang_architecture))
+    assert "copycat" not in DRAFTERS
+
+
+def test_unknown_arch_is_named_with_the_known_ones():
+    with pytest.raises(ConfigError, match=r"'medusa' is not one of \('osprey', 'eagle3'"):
+        DrafterConfig.from_name("tiny", arch="medusa")
