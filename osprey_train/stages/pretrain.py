@@ -278,7 +278,7 @@ _RESUME_FIXED = ("model", "corpus", "seq_len", "batch_size", "heldout_fraction",
 
 def _check_resume(cfg: PretrainConfig) -> None:
     ckpt = latest_checkpoint(cfg.loop.out_dir / "checkpoints")
-    if not cfg.loop.resume or ckpt is None:
+    if not cfg.loop.resuming or ckpt is None:
         return
     saved = read_trainer_state(ckpt).get("extra", {}).get("config", {})
     now = config_json(cfg)
