@@ -15,6 +15,11 @@ writes ``stage.json`` into it last and moves it into place with one rename
 stages untouched and at most one stage in ``work/``; running the same command again skips what is
 finished and continues the interrupted stage from its own checkpoints (trainer checkpoints, committed
 store shards, tokenized corpus shards), which resume exactly.
+
+SIGINT / SIGTERM: the stage in progress stops the way its own command does (a training stage
+checkpoints the step it finished, a store build commits its finished samples; a stage with no
+resume of its own is dropped and rerun), and :class:`~osprey_data.errors.Interrupted` names the
+stage, what was kept and the command that continues the study (exit 130 / 143).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import replace_dir, write_json, write_text
-from osprey_data.errors import ConfigError, StudyBusyError
+from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_train.evaluation.cpu_threads import busy_machine_threads
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import Node, Plan, build_plan
@@ -237,6 +243,27 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
     return record
 
 
+def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, done: int,
+                         total: int) -> dict[str, Any]:
+    """:func:`_run_stage`, turning a signal into one :class:`Interrupted` naming the stage."""
+    try:
+        with GracefulStop():
+            return _run_stage(cfg, ctx, node)
+    except (Interrupted, StopRequested) as exc:
+        work = cfg.out / "work" / node.folder
+        if isinstance(exc, Interrupted):  # the stage's own command saved its finished work
+            kept = f"what it finished is kept in {work} and resumed from there"
+        elif node.resumable:
+            kept = f"what it committed is kept in {work} and resumed from there"
+        else:
+            kept = "it has no partial result and is rerun"
+        _log(cfg.out, f"interrupted {node.folder} by {signal_name(exc.signum)}")
+        study_file = cfg.study.path if cfg.study.path is not None else "STUDY.toml"
+        raise Interrupted(f"study {cfg.study.study.name} interrupted by {signal_name(exc.signum)} in stage "
+                          f"{node.label} ({done} of {total} stages finished and kept; {kept}). Continue with "
+                          f"`osprey study run {study_file} --out {cfg.out}`.", signum=exc.signum) from None
+
+
 def run(cfg: StudyRunConfig) -> StudyRunResult:
     """Run (or continue) the study in ``cfg.out``."""
     out = cfg.out
@@ -273,7 +300,7 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
                 say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
                     f"ETA {format_duration(eta)}] {node.label}")
             _log(out, f"start {node.folder} {node.label}")
-            record = _run_stage(cfg, ctx, node)
+            record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
             _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")
             result.ran.append(node.key)
             if cfg.max_stages is not None and len(result.ran) >= cfg.max_stages:
