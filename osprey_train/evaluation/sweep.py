@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_json, write_text
-from osprey_data.errors import ConfigError
+from osprey_data.errors import ConfigError, Interrupted
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.schema_check import load_json, validate
 from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import load_drafter_and_store
@@ -232,9 +233,15 @@ def run(cfg: SweepConfig) -> SweepResult:
     """Evaluate every shape, price it, write sweep.md / sweep.json / sweep.png into ``cfg.out``."""
     shapes = cfg.shapes()
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device, command="sweep")
-    with torch_threads(cfg.threads, print if cfg.progress else None):
-        reports = evaluate_tree_acceptance(drafter, reader, shapes, kv=cfg.draft_kv,
-                                           max_samples=cfg.max_samples or None, progress=cfg.progress)
+    try:
+        with GracefulStop(), torch_threads(cfg.threads, print if cfg.progress else None):
+            reports = evaluate_tree_acceptance(drafter, reader, shapes, kv=cfg.draft_kv,
+                                               max_samples=cfg.max_samples or None, progress=cfg.progress)
+    except StopRequested as exc:
+        # one pass over the store scores every shape at once: until it ends no shape is finished
+        raise Interrupted(f"eval sweep interrupted by {signal_name(exc.signum)} before its pass over the store "
+                          f"ended; no shape was finished, so nothing was written to {cfg.out}. Rerun the same "
+                          f"command (--max-samples N makes the pass shorter).", signum=exc.signum) from None
     rows = []
     for shape, rep in zip(shapes, reports):
         row = SweepRow(shape=shape, acceptance_length=rep.overall, per_domain=rep.per_domain,

@@ -152,3 +152,56 @@ def test_pretrain_keeps_a_checkpoint_and_resumes_bit_identically(pretrain_setup,
     assert "checkpoint" in line and "--resume" in line, (where, line)
     invoke([*_pretrain_args(pretrain_setup, out), "--resume"])
     same_weights(tmp_path / "ref" / "final", out / "final")
+
+
+# --- the offline evaluations -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def eval_setup(distill_setup, tmp_path_factory):
+    drafter, store = distill_setup
+    return drafter, make_drafter_dir(tmp_path_factory.mktemp("second") / "d", seed=5, store=store), store
+
+
+def _matrix_args(setup, out: Path) -> list[str]:
+    d1, d2, store = setup
+    return ["eval", "matrix", "--drafter", f"a={d1}", "--drafter", f"b={d2}", "--store", f"a={store}",
+            "--store", f"c={store}", "--steps", "2", "--device", "cpu", "--out", str(out)]
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_matrix_keeps_finished_cells_and_continues(eval_setup, tmp_path, signum):
+    seed = random.randrange(10**6)
+    random.seed(seed)
+    where = f"seed {seed}"
+    invoke(_matrix_args(eval_setup, tmp_path / "ref"))
+    out = tmp_path / "run"
+    rc, err = interrupt(_matrix_args(eval_setup, out), tmp_path / "log", signum=signum,
+                        after_units=random.randint(1, 3))
+    line = assert_one_interrupted_line(rc, err, signum, where)
+    assert "Rerun the same command to continue" in line and not (out / "matrix.json").exists(), (where, line)
+    partial = out / "matrix.partial.json"
+    kept = len(json.loads(partial.read_text())["cells"]) if partial.exists() else 0
+    assert (f"{kept} of 4 cells finished" in line) if kept else ("none of its 4 cells" in line), (where, line)
+    assert kept < 4, where
+    invoke(_matrix_args(eval_setup, out))
+    assert not partial.exists()
+    assert json.loads((out / "matrix.json").read_text()) == json.loads((tmp_path / "ref" / "matrix.json").read_text())
+
+
+def test_matrix_ignores_cells_of_another_matrix(eval_setup, tmp_path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "matrix.partial.json").write_text(json.dumps({"identity": {"steps": 9}, "cells": {"0,0": {
+        "overall": 99.0, "proxy": False}}}))
+    invoke(_matrix_args(eval_setup, out))
+    assert 99.0 not in json.loads((out / "matrix.json").read_text())["values"][0]
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_sweep_says_nothing_was_finished(eval_setup, tmp_path, signum):
+    d1, _, store = eval_setup
+    args = ["eval", "sweep", "--drafter", str(d1), "--store", str(store), "--out", str(tmp_path / "s"),
+            "--tree", "2,2,4", "--threads", "1", "--device", "cpu", "--json"]
+    rc, err = interrupt(args, tmp_path / "log", signum=signum, after_units=1, sleep=3)
+    line = assert_one_interrupted_line(rc, err, signum, "sweep")
+    assert "nothing was written" in line and not (tmp_path / "s" / "sweep.json").exists()
