@@ -168,16 +168,21 @@ class SweepResult:
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-        if best is not None:
+        if best is not None and best.speedup < 1:
+            lines.append(f"Every shape is predicted SLOWER than plain decoding with these costs ({self.cost.device}): "
+                         f"the least slow, `{' '.join(best.shape.sglang_flags())}` (acceptance length "
+                         f"{best.acceptance_length:.3f}), is predicted at x{best.speedup:.3f}. Serving this drafter "
+                         f"does not pay here: distill it further, or measure the costs of your GPU.")
+        elif best is not None:
             lines.append(f"Best predicted shape: `{' '.join(best.shape.sglang_flags())}` "
                          f"(acceptance length {best.acceptance_length:.3f}, predicted speedup x{best.speedup:.3f}, "
                          f"costs: {self.cost.device}).")
         else:
             lines.append("No cost model given (--cost): acceptance lengths only, no best shape.")
-        if self.proxy_reason:
-            lines.append(f"\nNOTE: proxy figures: {self.proxy_reason}.")
+        if self.proxy_reason:   # blank lines as lines of their own: printable() would show a "\n"
+            lines += ["", f"NOTE: proxy figures: {self.proxy_reason}."]
         for note in self.assumptions:
-            lines.append(f"\nAssumption: {note}.")
+            lines += ["", f"Assumption: {note}."]
         return "\n".join(printable(line) for line in lines) + "\n"  # paths and the cost file's device text
 
 

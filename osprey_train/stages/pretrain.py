@@ -132,6 +132,8 @@ class PretrainTask:
 
     def __init__(self, cfg: PretrainConfig) -> None:
         self.cfg = cfg
+        # the metric that is a per-token cross-entropy (metrics.png's perplexity): the KD loss is not
+        self.perplexity_of = "ce" if cfg.teacher is not None else "loss"
         self.corpus = TokenCorpus(cfg.corpus)
         if not (cfg.model / "config.json").is_file():
             raise InputError(f"{cfg.model}: no config.json, not a HF model folder; pass the output of "

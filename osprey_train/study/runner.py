@@ -145,8 +145,9 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def measured_rates(out: Path, plan: Plan) -> dict[str, float]:
-    """Seconds per work unit of each kind, from this study's finished stages (defaults elsewhere)."""
+def measured_rates(out: Path, plan: Plan, measured: set[str] | None = None) -> dict[str, float]:
+    """Seconds per work unit of each kind, from this study's finished stages (defaults elsewhere);
+    the kinds measured here are added to ``measured`` when given."""
     wall: dict[str, float] = {}
     units: dict[str, float] = {}
     for node in plan.nodes:
@@ -158,7 +159,19 @@ def measured_rates(out: Path, plan: Plan) -> dict[str, float]:
             units[node.kind] = units.get(node.kind, 0.0) + node.cost
     rates = dict(DEFAULT_RATES)
     rates.update({k: wall[k] / units[k] for k in wall if units[k] > 0})
+    if measured is not None:
+        measured.update(k for k in wall if units[k] > 0)
     return rates
+
+
+def estimate_basis(todo: list[Node], measured: set[str]) -> str | None:
+    """None when every kind still to run has a rate measured in this study; else a few words saying
+    the estimate is rough (default rates from other machines and loads)."""
+    guessed = sorted({n.kind for n in todo} - measured)
+    if not guessed:
+        return None
+    return (f"rough: no {', '.join(guessed)} stage measured in this study yet, so those use default rates "
+            f"from another machine and load; it improves as stages finish")
 
 
 def estimate_seconds(nodes: list[Node], rates: dict[str, float]) -> float:
@@ -294,11 +307,13 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
                     index += 1
                     continue
             index += 1
-            rates = measured_rates(out, plan)
+            measured: set[str] = set()
+            rates = measured_rates(out, plan, measured)
             eta = estimate_seconds([node, *todo], rates)
+            rough = "~" if estimate_basis([node, *todo], measured) else ""
             if cfg.progress:
                 say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
-                    f"ETA {format_duration(eta)}] {node.label}")
+                    f"ETA {rough}{format_duration(eta)}{' (rough)' if rough else ''}] {node.label}")
             _log(out, f"start {node.folder} {node.label}")
             record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
             _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")

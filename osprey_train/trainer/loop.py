@@ -72,6 +72,9 @@ class TrainTask(Protocol):
     def save_model(self, model: nn.Module, out_dir: Path) -> None:
         """Write the final model (safetensors + config.json) into ``out_dir``."""
 
+    # Optional: ``perplexity_of`` names the train metric that is a per-token cross-entropy in nats
+    # (metrics.png plots its exp as the perplexity); absent or None: no train perplexity is drawn.
+
 
 @dataclass
 class TrainResult:
@@ -361,7 +364,8 @@ class _Trainer:
         self._build()
         start, self.tokens_seen, resumed_from = self._maybe_resume()
         self.train_tokens = 0
-        self.log = MetricsLog(loop.out_dir, enabled=ctx.is_main, resume_step=start if resumed_from else None)
+        self.log = MetricsLog(loop.out_dir, enabled=ctx.is_main, resume_step=start if resumed_from else None,
+                              perplexity_of=getattr(self.task, "perplexity_of", None))
         result = TrainResult(step=start, out_dir=loop.out_dir, final_dir=None, checkpoint=resumed_from,
                              resumed_from=resumed_from, metrics_path=self.log.path)
         if loop.eval_at_start and start == 0:

@@ -209,3 +209,24 @@ def test_cpu_trains_in_fp32(tmp_path):
 
     train(Probe(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
     assert dtypes == [torch.float32, torch.float32]
+
+
+def test_metrics_plot_marks_short_runs_and_never_exponentiates_a_non_cross_entropy():
+    """Issue #25: a 1-record distill run drew a blank metrics.png, and exp(summed TTT loss) was
+    plotted as a perplexity (~1e17)."""
+    import matplotlib.pyplot as plt
+
+    from osprey_train.trainer.metrics import metrics_figure
+
+    records = [{"kind": "train", "step": 1, "loss": 40.0, "acc_k0": 0.2, "acc_k1": 0.1}]
+    fig = metrics_figure(records)   # distillation: no perplexity_of
+    loss_ax, right_ax = fig.axes
+    (line,) = loss_ax.get_lines()
+    assert line.get_marker() not in (None, "None", "") and list(line.get_ydata()) == [40.0]
+    assert sorted(line.get_label() for line in right_ax.get_lines()) == ["train acc_k0", "train acc_k1"]
+    assert all(max(line.get_ydata()) <= 1.0 for line in right_ax.get_lines())
+    plt.close(fig)
+    fig = metrics_figure([{"kind": "train", "step": 1, "loss": 2.0, "ce": 1.0}], perplexity_of="ce")
+    (ppl,) = fig.axes[1].get_lines()
+    assert ppl.get_ydata()[0] == pytest.approx(2.718281828) and fig.axes[1].get_yscale() == "log"
+    plt.close(fig)

@@ -53,6 +53,7 @@ class ToyTask:
         self.nan_at_step = nan_at_step
         self.signal_at_step, self.signum, self.signal_in_eval = signal_at_step, signum, signal_in_eval
         self.batches_seen: list[tuple[int, int, int]] = []
+        self.perplexity_of = "loss"   # a plain next-token cross-entropy
 
     def build_model(self) -> nn.Module:
         return ToyLM(self.vocab, self.dim, self.dropout)
