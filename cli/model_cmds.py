@@ -26,7 +26,7 @@ def prune(source: str, layers: int, out: Path, gguf_file: str | None, overwrite:
 
     \b
     Example:
-      osprey train prune --source HuggingFaceTB/SmolLM2-135M --layers 2 --out runs/pruned
+      osprey train prune --source ~/.cache/osprey/smollm2-135m-instruct --layers 2 --out runs/pruned
     """
     from osprey_train.stages.prune import PruneConfig, run
 

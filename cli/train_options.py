@@ -31,7 +31,10 @@ _LOOP_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "log_every": (("--log-every",), dict(type=int, help="Write a metrics record every N steps.")),
     "eval_every": (("--eval-every",), dict(type=int, help="Evaluate every N steps (0 = at the end only).")),
     "save_every": (("--save-every",), dict(type=int, help="Checkpoint every N steps (0 = at the end only).")),
-    "resume": (("--resume",), dict(is_flag=True, help="Continue from the newest complete checkpoint in --out.")),
+    "resume": (("--resume",), dict(is_flag=True, help="Continue from the newest complete checkpoint in --out "
+                                                      "(an error when there is none).")),
+    "resume_if_any": (("--resume-if-any",), dict(is_flag=True, help="Like --resume, but start from step 0 when "
+                                                                    "--out holds no checkpoint yet.")),
     "seed": (("--seed",), dict(type=int, help="Seed of the data order, the initialisation and the RNGs.")),
     "device": (("--device",), dict(help="auto, cpu, cuda or cuda:N.")),
     "distributed": (("--distributed",), dict(type=click.Choice(DISTRIBUTED_MODES),

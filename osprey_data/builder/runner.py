@@ -258,24 +258,43 @@ def _error_key(e: dict) -> tuple:
 
 
 class _Progress:
-    """The per-sample progress bar: a sample counts once its last turn is generated (or once its
-    batch is done, for samples with nothing to generate); generated tokens/s as it goes."""
+    """The progress bar counts SAVED samples: those handed to the store writer, which an
+    interruption commits (a batch's samples reach the writer together, after its prefill). Inside
+    a batch, the postfix shows how many of its samples are generated and the generated tokens/s,
+    so a slow batch is seen moving; those are lost if the build is stopped before the batch ends."""
 
     def __init__(self, bar: Any, todo: set[str]) -> None:
         self.bar, self.todo = bar, todo
         self.counted: set[str] = set()
+        self.generated_in_batch: set[str] = set()
+        self.batch_size = 0
         self.tokens = 0
         self.t0 = time.perf_counter()
 
+    def start_batch(self, size: int) -> None:
+        self.generated_in_batch.clear()
+        self.batch_size = size
+        self._postfix()
+
+    def sample_generated(self, sample_id: str) -> None:
+        if sample_id in self.todo:   # not a sample recomputed only to keep its batch's composition
+            self.generated_in_batch.add(sample_id)
+        self._postfix()
+
     def sample_done(self, sample_id: str) -> None:
+        """The sample reached the writer (or was skipped and recorded): it survives Ctrl-C."""
         if sample_id in self.todo and sample_id not in self.counted:
             self.counted.add(sample_id)
             self.bar.update(1)
 
     def generated(self, n: int) -> None:
         self.tokens += n
+        self._postfix()
+
+    def _postfix(self) -> None:
         rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.set_postfix_str(f"{self.tokens} tokens generated, {rate:.1f} tok/s", refresh=False)
+        self.bar.set_postfix_str(f"batch: {len(self.generated_in_batch)}/{self.batch_size} generated, not yet "
+                                 f"saved; {self.tokens} tokens generated, {rate:.1f} tok/s", refresh=False)
 
 
 class _BatchProcessor:
@@ -331,8 +350,8 @@ class _BatchProcessor:
             progress.generated(new_tokens)
             for i in finished:
                 d = requests[i][0]
-                if len(d.pending) <= 1:  # its last turn to generate: the sample is as good as done
-                    progress.sample_done(d.sample.sample_id)
+                if len(d.pending) <= 1:  # its last turn to generate: only the batch's prefill is left
+                    progress.sample_generated(d.sample.sample_id)
 
         return on_step
 
@@ -482,13 +501,14 @@ def _build(config: BuildConfig, backend: TargetBackend, samples: list[InputSampl
         todo = {s.sample_id for s in samples if s.sample_id not in done}
         batches = [samples[i:i + config.batch_size] for i in range(0, len(samples), config.batch_size)]
         bar = tqdm(total=len(todo), unit="sample", disable=not config.progress, dynamic_ncols=True,
-                   desc=f"build w{config.worker_index}/{config.num_workers}")
+                   desc=f"build w{config.worker_index}/{config.num_workers}, samples saved")
         progress = _Progress(bar, todo)
         processor = _BatchProcessor(config, backend, renderer, header, progress)
         with bar:
             for batch in batches:
                 if all(s.sample_id in done for s in batch):
                     continue
+                progress.start_batch(sum(s.sample_id not in done for s in batch))
                 results = processor.process(batch, on_sample_error)
                 with stop.deferred():  # a batch's finished samples reach the writer together
                     for s, record, reason in results:

@@ -38,7 +38,8 @@ from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, DistillSection,
                                        LiveSection, ModelSection, PruneSection, StoresSection, StudyConfig,
                                        StudySection)
 from osprey_train.study.prompts import split_prompts
-from osprey_train.study.runner import StudyRunConfig, read_record
+from osprey_train.study.stages import output_path
+from osprey_train.study.runner import StudyRunConfig, read_record, stage_dir
 from osprey_train.study.runner import run as run_study
 
 __all__ = ["DemoConfig", "DemoResult", "run", "demo_study", "shipped_prompts", "split_prompts", "busy_warning"]
@@ -133,6 +134,9 @@ def run(cfg: DemoConfig) -> DemoResult:
         "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpu_threads": read_record(work, plan.live)["threads"], "study_folder": str(work),
         "stages_reused": done.reused,
+        # where the distilled drafter and the held-out store are, for the next commands (eval, export)
+        "paths": {"drafter": str(output_path(stage_dir(work, plan.drafters[key]), "distill")),
+                  "eval_store": str(output_path(stage_dir(work, plan.cells[(*key, DOMAIN)].deps["store"]), "store"))},
     }
     summary["timings_s"]["total"] = time.perf_counter() - t0
     report_t0 = time.perf_counter()
@@ -141,7 +145,8 @@ def run(cfg: DemoConfig) -> DemoResult:
     summary["timings_s"]["total"] = time.perf_counter() - t0
     write_json(cfg.out / "demo.json", summary, default=str)
     if cfg.progress:
-        print(f"[demo done +{summary['timings_s']['total']:.0f}s] report: {md}", flush=True)
+        print(f"[demo done +{summary['timings_s']['total']:.0f}s] report: {md}; distilled drafter: "
+              f"{summary['paths']['drafter']}; eval store: {summary['paths']['eval_store']}", flush=True)
     return DemoResult(out=cfg.out, report_md=md, report_png=png, summary=summary)
 
 

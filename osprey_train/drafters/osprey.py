@@ -56,5 +56,8 @@ SPEC = DrafterSpec(
     sglang_reader="osprey_train.export.sglang:osprey_config_from_sglang",
     serving_label="Osprey drafter (external class)",
     serving_env={"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"},
-    serving_install=f"pip install osprey[sglang]  # the external model class {SGLANG_ARCHITECTURE}",
+    # `osprey` on PyPI is an unrelated project: the Osprey package is installed from its repository.
+    serving_install=(f"# the external model class {SGLANG_ARCHITECTURE} ships with Osprey itself, which is not on "
+                     "PyPI\n# (the `osprey` package there is another project): from a clone of the Osprey "
+                     "repository,\npip install -e \".[sglang]\""),
 )

@@ -12,13 +12,16 @@ cross-domain tables. Proxy cells (sampled responses) are marked with ``*``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from osprey_data.atomic import atomic_file, write_json, write_text
-from osprey_data.errors import ConfigError
+from osprey_data.errors import ConfigError, Interrupted
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, resolve_device
 from osprey_train.evaluation.acceptance import evaluate_acceptance
@@ -144,22 +147,78 @@ def plot_heatmap(res: MatrixResult, path: Path, *, title: str | None = None, cma
     return path
 
 
+PARTIAL = "matrix.partial.json"
+
+
+def _folder_fingerprint(path: str) -> list[list[Any]]:
+    """Name, size and mtime of each file of a local drafter folder: a retrained drafter is noticed."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return []
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir()) if f.is_file()]
+
+
+def _identity(cfg: MatrixConfig, readers: list[tuple[str, StoreReader]]) -> dict[str, Any]:
+    """What the finished cells of an interrupted run depend on (a rerun reuses them only if equal)."""
+    return {"drafters": [[n, p, _folder_fingerprint(p)] for n, p in cfg.drafters],
+            "stores": [[n, url, r.header.build_fingerprint, len(r)] for (n, url), (_, r) in zip(cfg.stores, readers)],
+            "steps": cfg.steps, "max_samples": cfg.max_samples, "attention": cfg.attention}
+
+
+def _load_partial(path: Path, identity: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The cells an interrupted run of the same matrix finished ({} when none or another matrix)."""
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("identity") != json.loads(json.dumps(identity)):
+        return {}
+    cells = doc.get("cells")
+    return cells if isinstance(cells, dict) else {}
+
+
 def run(cfg: MatrixConfig) -> MatrixResult:
-    """Evaluate every drafter on every store and write the table, JSON and heatmap."""
+    """Evaluate every drafter on every store and write the table, JSON and heatmap.
+
+    Each finished cell is saved at once to ``OUT/matrix.partial.json``; on SIGINT/SIGTERM the cell
+    in progress is dropped and :class:`~osprey_data.errors.Interrupted` says how many were kept.
+    Rerunning the same command continues from them (the file is removed once the matrix is written).
+
+    Raises:
+        Interrupted: SIGINT/SIGTERM arrived; every finished cell was saved first.
+    """
     readers = [(name, StoreReader(url)) for name, url in cfg.stores]
-    values: list[list[float]] = []
-    proxy = [False] * len(readers)
-    for dname, dpath in cfg.drafters:
-        drafter = load_drafter(dpath, device=resolve_device(cfg.device))
-        row = []
-        for j, (sname, reader) in enumerate(readers):
-            check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
-                             where=f"matrix: drafter {dname!r} on store {sname!r}")
-            rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                                      impl=cfg.attention, progress=cfg.progress)
-            row.append(rep.overall)
-            proxy[j] = proxy[j] or rep.proxy
-        values.append(row)
+    partial_path = cfg.out / PARTIAL
+    identity = _identity(cfg, readers)
+    cells = _load_partial(partial_path, identity)
+    total = len(cfg.drafters) * len(readers)
+    reused = len(cells)
+    with GracefulStop() as stop:
+        try:
+            for i, (dname, dpath) in enumerate(cfg.drafters):
+                if all(f"{i},{j}" in cells for j in range(len(readers))):
+                    continue
+                drafter = load_drafter(dpath, device=resolve_device(cfg.device))
+                for j, (sname, reader) in enumerate(readers):
+                    if f"{i},{j}" in cells:
+                        continue
+                    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
+                                     where=f"matrix: drafter {dname!r} on store {sname!r}")
+                    rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
+                                              impl=cfg.attention, progress=cfg.progress)
+                    with stop.deferred():   # a finished cell is saved whole before a signal is acted on
+                        cells[f"{i},{j}"] = {"overall": rep.overall, "proxy": bool(rep.proxy)}
+                        cfg.out.mkdir(parents=True, exist_ok=True)
+                        write_json(partial_path, {"identity": identity, "cells": cells})
+        except StopRequested as exc:
+            kept = (f"{len(cells)} of {total} cells finished ({reused} from an earlier run), kept in {partial_path}"
+                    if cells else f"none of its {total} cells had finished")
+            raise Interrupted(f"eval matrix interrupted by {signal_name(exc.signum)}: {kept}; the cell in progress "
+                              f"was dropped. Rerun the same command to continue.", signum=exc.signum) from None
+    values = [[cells[f"{i},{j}"]["overall"] for j in range(len(readers))] for i in range(len(cfg.drafters))]
+    proxy = [any(cells[f"{i},{j}"]["proxy"] for i in range(len(cfg.drafters))) for j in range(len(readers))]
     res = MatrixResult(drafters=[d for d, _ in cfg.drafters], stores=[s for s, _ in cfg.stores],
                        values=values, proxy=proxy, steps=cfg.steps)
     res.summary = summarize(res.drafters, res.stores, values)
@@ -170,4 +229,5 @@ def run(cfg: MatrixConfig) -> MatrixResult:
     res.paths = {"markdown": str(md), "json": str(js), "png": str(png)}
     write_json(js, {"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy,
                     "steps": cfg.steps, "summary": res.summary})
+    partial_path.unlink(missing_ok=True)   # matrix.json is written: the cells live there now
     return res

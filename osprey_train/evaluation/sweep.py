@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_json, write_text
-from osprey_data.errors import ConfigError
+from osprey_data.errors import ConfigError, Interrupted
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.schema_check import load_json, validate
 from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import load_drafter_and_store
@@ -167,16 +168,21 @@ class SweepResult:
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-        if best is not None:
+        if best is not None and best.speedup < 1:
+            lines.append(f"Every shape is predicted SLOWER than plain decoding with these costs ({self.cost.device}): "
+                         f"the least slow, `{' '.join(best.shape.sglang_flags())}` (acceptance length "
+                         f"{best.acceptance_length:.3f}), is predicted at x{best.speedup:.3f}. Serving this drafter "
+                         f"does not pay here: distill it further, or measure the costs of your GPU.")
+        elif best is not None:
             lines.append(f"Best predicted shape: `{' '.join(best.shape.sglang_flags())}` "
                          f"(acceptance length {best.acceptance_length:.3f}, predicted speedup x{best.speedup:.3f}, "
                          f"costs: {self.cost.device}).")
         else:
             lines.append("No cost model given (--cost): acceptance lengths only, no best shape.")
-        if self.proxy_reason:
-            lines.append(f"\nNOTE: proxy figures: {self.proxy_reason}.")
+        if self.proxy_reason:   # blank lines as lines of their own: printable() would show a "\n"
+            lines += ["", f"NOTE: proxy figures: {self.proxy_reason}."]
         for note in self.assumptions:
-            lines.append(f"\nAssumption: {note}.")
+            lines += ["", f"Assumption: {note}."]
         return "\n".join(printable(line) for line in lines) + "\n"  # paths and the cost file's device text
 
 
@@ -232,9 +238,15 @@ def run(cfg: SweepConfig) -> SweepResult:
     """Evaluate every shape, price it, write sweep.md / sweep.json / sweep.png into ``cfg.out``."""
     shapes = cfg.shapes()
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device, command="sweep")
-    with torch_threads(cfg.threads, print if cfg.progress else None):
-        reports = evaluate_tree_acceptance(drafter, reader, shapes, kv=cfg.draft_kv,
-                                           max_samples=cfg.max_samples or None, progress=cfg.progress)
+    try:
+        with GracefulStop(), torch_threads(cfg.threads, print if cfg.progress else None):
+            reports = evaluate_tree_acceptance(drafter, reader, shapes, kv=cfg.draft_kv,
+                                               max_samples=cfg.max_samples or None, progress=cfg.progress)
+    except StopRequested as exc:
+        # one pass over the store scores every shape at once: until it ends no shape is finished
+        raise Interrupted(f"eval sweep interrupted by {signal_name(exc.signum)} before its pass over the store "
+                          f"ended; no shape was finished, so nothing was written to {cfg.out}. Rerun the same "
+                          f"command (--max-samples N makes the pass shorter).", signum=exc.signum) from None
     rows = []
     for shape, rep in zip(shapes, reports):
         row = SweepRow(shape=shape, acceptance_length=rep.overall, per_domain=rep.per_domain,

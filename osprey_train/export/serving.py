@@ -51,6 +51,18 @@ class ServingRecommendation:
     predicted: dict[str, Any] | None = None
     """The sweep's figures for it: acceptance_length, speedup, cost device."""
 
+    @property
+    def label(self) -> str:
+        """How the flags were chosen, in a few words: never "tuned" for a shape predicted slower
+        than plain decoding (then every shape of the sweep was)."""
+        if not self.tuned:
+            return "not tuned"
+        speedup = (self.predicted or {}).get("speedup")
+        if speedup is not None and speedup < 1:
+            return (f"least slow shape of the sweep, predicted x{speedup:.3f}: every shape is predicted slower "
+                    f"than plain decoding with these costs")
+        return "tuned" if speedup is None else f"tuned, predicted x{speedup:.3f}"
+
 
 def recommend(sweep: str | Path | None) -> ServingRecommendation:
     """The best shape of ``sweep`` (a ``sweep.json``), or the untuned chain default without one."""
@@ -70,6 +82,9 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
     note = printable(f"tuned offline by `osprey eval sweep` ({doc['num_samples']} samples of {doc['store']}, draft KV "
                      f"layout {doc['draft_kv']}): best predicted speedup x{best['speedup']:.3f} with costs of "
                      f"{cost.get('device', '?')}")  # the sweep file's strings go into a README
+    if best["speedup"] < 1:
+        note += ("; every shape of the sweep is predicted SLOWER than plain decoding (speedup < 1), so with these "
+                 "costs serving this drafter does not pay: distill it further or measure the costs on your GPU")
     if cost.get("assumed"):
         note += " (assumed costs, not measured: check the speedup on your GPU)"
     if doc["proxy"]:
@@ -96,6 +111,11 @@ def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, targ
     return doc
 
 
+def _label(doc: dict[str, Any]) -> str:
+    predicted = doc.get("predicted")
+    return ServingRecommendation(shape=DEFAULT_SHAPE, tuned=doc["tuned"], note="", predicted=predicted).label
+
+
 def serving_readme(doc: dict[str, Any]) -> str:
     """The README snippet written next to the weights."""
     spec = drafter_spec(doc["arch"])
@@ -107,7 +127,7 @@ def serving_readme(doc: dict[str, Any]) -> str:
         "```bash", f"{install}{doc['launch']}", "```", "",
         f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
         f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"
-        f" ({'tuned' if doc['tuned'] else 'not tuned'}).", "",
+        f" ({_label(doc)}).", "",
         f"{doc['note']}", "",
         "The same flags are in `serving.json`. Move this folder and `--speculative-draft-model-path` moves with it.",
     ]

@@ -132,6 +132,8 @@ class PretrainTask:
 
     def __init__(self, cfg: PretrainConfig) -> None:
         self.cfg = cfg
+        # the metric that is a per-token cross-entropy (metrics.png's perplexity): the KD loss is not
+        self.perplexity_of = "ce" if cfg.teacher is not None else "loss"
         self.corpus = TokenCorpus(cfg.corpus)
         if not (cfg.model / "config.json").is_file():
             raise InputError(f"{cfg.model}: no config.json, not a HF model folder; pass the output of "
@@ -278,7 +280,7 @@ _RESUME_FIXED = ("model", "corpus", "seq_len", "batch_size", "heldout_fraction",
 
 def _check_resume(cfg: PretrainConfig) -> None:
     ckpt = latest_checkpoint(cfg.loop.out_dir / "checkpoints")
-    if not cfg.loop.resume or ckpt is None:
+    if not cfg.loop.resuming or ckpt is None:
         return
     saved = read_trainer_state(ckpt).get("extra", {}).get("config", {})
     now = config_json(cfg)

@@ -46,6 +46,11 @@ _STAGE2 = ("none", "plain", "kd")
 _TRAIN_DATA = ("regenerated", "teacher-forced")
 
 
+# Shipped studies read data that is not in the repository (e.g. ../../shared/data beside the checkout).
+_MISSING_HINT = ("; relative paths in a study file are relative to the study file's folder: put the file "
+                 "there, or edit the path in the study file to point at your copy")
+
+
 def _fail(where: str, message: str) -> typing.NoReturn:
     raise ConfigError(f"{where}: {message}")
 
@@ -103,7 +108,7 @@ class CorpusSection:
             _fail(where, "files must list at least one file")
         for f in self.files:
             if not f.exists():
-                _fail(where, f"files: {f} does not exist")
+                _fail(where, f"files: {f} does not exist{_MISSING_HINT}")
 
 
 @dataclass(kw_only=True)
@@ -155,7 +160,7 @@ class DomainSection:
         for key in ("train", "eval"):
             path = getattr(self, key)
             if path is not None and not path.exists():
-                _fail(where, f"{key}: prompt file {path} does not exist")
+                _fail(where, f"{key}: prompt file {path} does not exist{_MISSING_HINT}")
         if self.train_samples < 1 or self.eval_samples < 1:
             _fail(where, "train_samples and eval_samples must be >= 1")
 

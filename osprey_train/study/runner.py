@@ -15,6 +15,11 @@ writes ``stage.json`` into it last and moves it into place with one rename
 stages untouched and at most one stage in ``work/``; running the same command again skips what is
 finished and continues the interrupted stage from its own checkpoints (trainer checkpoints, committed
 store shards, tokenized corpus shards), which resume exactly.
+
+SIGINT / SIGTERM: the stage in progress stops the way its own command does (a training stage
+checkpoints the step it finished, a store build commits its finished samples; a stage with no
+resume of its own is dropped and rerun), and :class:`~osprey_data.errors.Interrupted` names the
+stage, what was kept and the command that continues the study (exit 130 / 143).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import replace_dir, write_json, write_text
-from osprey_data.errors import ConfigError, StudyBusyError
+from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_train.evaluation.cpu_threads import busy_machine_threads
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import Node, Plan, build_plan
@@ -139,8 +145,9 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def measured_rates(out: Path, plan: Plan) -> dict[str, float]:
-    """Seconds per work unit of each kind, from this study's finished stages (defaults elsewhere)."""
+def measured_rates(out: Path, plan: Plan, measured: set[str] | None = None) -> dict[str, float]:
+    """Seconds per work unit of each kind, from this study's finished stages (defaults elsewhere);
+    the kinds measured here are added to ``measured`` when given."""
     wall: dict[str, float] = {}
     units: dict[str, float] = {}
     for node in plan.nodes:
@@ -152,7 +159,19 @@ def measured_rates(out: Path, plan: Plan) -> dict[str, float]:
             units[node.kind] = units.get(node.kind, 0.0) + node.cost
     rates = dict(DEFAULT_RATES)
     rates.update({k: wall[k] / units[k] for k in wall if units[k] > 0})
+    if measured is not None:
+        measured.update(k for k in wall if units[k] > 0)
     return rates
+
+
+def estimate_basis(todo: list[Node], measured: set[str]) -> str | None:
+    """None when every kind still to run has a rate measured in this study; else a few words saying
+    the estimate is rough (default rates from other machines and loads)."""
+    guessed = sorted({n.kind for n in todo} - measured)
+    if not guessed:
+        return None
+    return (f"rough: no {', '.join(guessed)} stage measured in this study yet, so those use default rates "
+            f"from another machine and load; it improves as stages finish")
 
 
 def estimate_seconds(nodes: list[Node], rates: dict[str, float]) -> float:
@@ -237,6 +256,27 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
     return record
 
 
+def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, done: int,
+                         total: int) -> dict[str, Any]:
+    """:func:`_run_stage`, turning a signal into one :class:`Interrupted` naming the stage."""
+    try:
+        with GracefulStop():
+            return _run_stage(cfg, ctx, node)
+    except (Interrupted, StopRequested) as exc:
+        work = cfg.out / "work" / node.folder
+        if isinstance(exc, Interrupted):  # the stage's own command saved its finished work
+            kept = f"what it finished is kept in {work} and resumed from there"
+        elif node.resumable:
+            kept = f"what it committed is kept in {work} and resumed from there"
+        else:
+            kept = "it has no partial result and is rerun"
+        _log(cfg.out, f"interrupted {node.folder} by {signal_name(exc.signum)}")
+        study_file = cfg.study.path if cfg.study.path is not None else "STUDY.toml"
+        raise Interrupted(f"study {cfg.study.study.name} interrupted by {signal_name(exc.signum)} in stage "
+                          f"{node.label} ({done} of {total} stages finished and kept; {kept}). Continue with "
+                          f"`osprey study run {study_file} --out {cfg.out}`.", signum=exc.signum) from None
+
+
 def run(cfg: StudyRunConfig) -> StudyRunResult:
     """Run (or continue) the study in ``cfg.out``."""
     out = cfg.out
@@ -267,13 +307,15 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
                     index += 1
                     continue
             index += 1
-            rates = measured_rates(out, plan)
+            measured: set[str] = set()
+            rates = measured_rates(out, plan, measured)
             eta = estimate_seconds([node, *todo], rates)
+            rough = "~" if estimate_basis([node, *todo], measured) else ""
             if cfg.progress:
                 say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
-                    f"ETA {format_duration(eta)}] {node.label}")
+                    f"ETA {rough}{format_duration(eta)}{' (rough)' if rough else ''}] {node.label}")
             _log(out, f"start {node.folder} {node.label}")
-            record = _run_stage(cfg, ctx, node)
+            record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
             _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")
             result.ran.append(node.key)
             if cfg.max_stages is not None and len(result.ran) >= cfg.max_stages:

@@ -163,7 +163,7 @@ def _pretrain(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict
         path, gguf = _model_arg(ctx, inputs, "teacher")
         teacher = str(Path(path) / gguf) if gguf else path
     loop = LoopConfig(out_dir=work / "run", max_steps=s["steps"], seed=s["seed"], device=ctx.device,
-                      eval_every=s["eval_every"], save_every=node.operational["save_every"], resume=True,
+                      eval_every=s["eval_every"], save_every=node.operational["save_every"], resume_if_any=True,
                       distributed="none", progress=ctx.progress, keep_checkpoints=1, plot=False,
                       log_every=max(1, min(10, s["eval_every"] or 10)))
     result = pretrain(PretrainConfig(
@@ -193,7 +193,7 @@ def _distill(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
     s = node.settings
     loop = LoopConfig(out_dir=work / "run", max_steps=s["steps"], grad_accum=s["grad_accum"], seed=s["seed"],
                       device=ctx.device, eval_every=s["eval_every"], save_every=node.operational["save_every"],
-                      resume=True, distributed="none", progress=ctx.progress, keep_checkpoints=1, plot=False,
+                      resume_if_any=True, distributed="none", progress=ctx.progress, keep_checkpoints=1, plot=False,
                       log_every=max(1, min(10, s["eval_every"] or s["steps"] // 10 or 1)))
     result = distill(DistillConfig(
         drafter=inputs.out("init"), store=str(inputs.out("store")),

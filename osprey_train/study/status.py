@@ -15,8 +15,8 @@ from typing import Any
 
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import build_plan
-from osprey_train.study.runner import (STAGE_RECORD, estimate_seconds, format_duration, measured_rates, read_record,
-                                       stage_dir)
+from osprey_train.study.runner import (STAGE_RECORD, estimate_basis, estimate_seconds, format_duration,
+                                       measured_rates, read_record, stage_dir)
 
 __all__ = ["StudyStatus", "status"]
 
@@ -36,6 +36,8 @@ class StudyStatus:
     """The next stages to run."""
     remaining_s: float = 0.0
     """Estimated seconds for the unfinished stages."""
+    estimate_note: str | None = None
+    """Why the estimate is rough (kinds with no stage measured in this study yet), or None."""
     spent_s: float = 0.0
     """Wall seconds of the finished stages."""
     lock: str | None = None
@@ -44,11 +46,13 @@ class StudyStatus:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "out": str(self.out), "total": self.total, "done": self.done,
                 "by_kind": self.by_kind, "in_work": self.in_work, "next": self.next,
-                "remaining_s": self.remaining_s, "spent_s": self.spent_s, "lock": self.lock}
+                "remaining_s": self.remaining_s, "estimate_note": self.estimate_note, "spent_s": self.spent_s,
+                "lock": self.lock}
 
     def to_text(self) -> str:
         lines = [f"study {self.name} in {self.out}: {self.done}/{self.total} stages finished; "
-                 f"{format_duration(self.spent_s)} spent, about {format_duration(self.remaining_s)} to go"]
+                 f"{format_duration(self.spent_s)} spent, about {format_duration(self.remaining_s)} to go"
+                 + (f" ({self.estimate_note})" if self.estimate_note else "")]
         lines.append(f"runner: {self.lock or 'none running'}")
         for kind, c in self.by_kind.items():
             lines.append(f"  {kind:<9} {c['done']:>4}/{c['total']:<4}")
@@ -103,7 +107,9 @@ def status(cfg: StudyConfig, out: Path) -> StudyStatus:
             st.in_work.append({"label": node.label, "folder": node.folder,
                                "progress": _work_progress(work, node.kind)})
     st.next = [n.label for n in todo[:3]]
-    st.remaining_s = estimate_seconds(todo, measured_rates(out, plan))
+    measured: set[str] = set()
+    st.remaining_s = estimate_seconds(todo, measured_rates(out, plan, measured))
+    st.estimate_note = estimate_basis(todo, measured)
     lock = out / ".lock"
     if lock.is_file():
         import fcntl

@@ -94,7 +94,11 @@ class LoopConfig:
     save_every: int = 0
     """Write a checkpoint every this many steps (0 = only after the last step)."""
     resume: bool = False
-    """Continue from the newest complete checkpoint in ``out_dir/checkpoints`` (if any)."""
+    """Continue from the newest complete checkpoint in ``out_dir/checkpoints``; a folder without
+    one is an error (a mistyped ``--out`` must not silently start over)."""
+    resume_if_any: bool = False
+    """Like ``resume``, but start from step 0 when ``out_dir`` holds no checkpoint yet (for a
+    scheduler or script that reruns one command until it finishes)."""
     distributed: str = "auto"
     """``auto`` (DDP when launched by torchrun with >1 process), ``none``, ``ddp`` or ``fsdp``."""
     gradient_checkpointing: bool = False
@@ -109,6 +113,11 @@ class LoopConfig:
     """Write ``metrics.png`` (loss and perplexity curves) at every eval/save and at the end."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form run description stored in the trainer state (e.g. the stage config)."""
+
+    @property
+    def resuming(self) -> bool:
+        """Whether an existing checkpoint is continued (``resume`` or ``resume_if_any``)."""
+        return self.resume or self.resume_if_any
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)

@@ -15,6 +15,13 @@ Batches are moved to the training device here (tensors inside dicts/lists/tuples
 can build them on CPU. ``loss`` must return the MEAN loss of its micro-batch; the trainer
 divides by ``grad_accum`` and DDP averages over ranks, so one step optimises the mean over the
 global batch.
+
+Interruption (SIGINT / Ctrl-C, SIGTERM): the step in progress is finished (an evaluation in
+progress is dropped), a checkpoint of it is written even with ``save_every=0``, and
+:class:`~osprey_data.errors.Interrupted` says which step was kept and how to resume; the CLI
+exits 130 / 143. Resuming from that checkpoint is as exact as any other resume. Under DDP/FSDP
+the ranks agree on stopping with one small all-reduce per step, so they save the same step. A
+second signal stops at once (the newest complete checkpoint stays usable).
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from osprey_data.atomic import atomic_dir
-from osprey_data.errors import CheckpointError, ConfigError, TrainingDivergedError
+from osprey_data.errors import CheckpointError, ConfigError, Interrupted, TrainingDivergedError
+from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_train.trainer.checkpoint import latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint
 from osprey_train.trainer.config import LoopConfig, OptimConfig
 from osprey_train.trainer.distributed import (
@@ -63,6 +71,9 @@ class TrainTask(Protocol):
 
     def save_model(self, model: nn.Module, out_dir: Path) -> None:
         """Write the final model (safetensors + config.json) into ``out_dir``."""
+
+    # Optional: ``perplexity_of`` names the train metric that is a per-token cross-entropy in nats
+    # (metrics.png plots its exp as the perplexity); absent or None: no train perplexity is drawn.
 
 
 @dataclass
@@ -176,17 +187,43 @@ class _Accumulator:
 
 
 def train(task: TrainTask, loop: LoopConfig, optim: OptimConfig) -> TrainResult:
-    """Train ``task`` as configured; see the module docstring for the contract."""
+    """Train ``task`` as configured; see the module docstring for the contract.
+
+    Raises:
+        Interrupted: SIGINT/SIGTERM arrived; the finished steps were checkpointed first.
+    """
+    check_resume_request(loop)
     ctx = setup_distributed(loop.distributed, loop.device)
     try:
-        return _Trainer(task, loop, optim, ctx).run()
+        with GracefulStop() as stop:
+            try:
+                return _Trainer(task, loop, optim, ctx, stop).run()
+            except StopRequested as exc:   # before the first step or after the last: nothing unsaved
+                raise Interrupted(f"training in {loop.out_dir} interrupted by {signal_name(exc.signum)} "
+                                  f"before any step of this run finished; nothing new to save. Rerun the "
+                                  f"same command{'' if loop.resuming else ' (with --resume if a checkpoint exists)'}.",
+                                  signum=exc.signum) from None
     finally:
         teardown_distributed(ctx)
 
 
+def check_resume_request(loop: LoopConfig) -> None:
+    """Refuse, before any model is built, ``--resume`` on a folder without a checkpoint and a
+    fresh start in a folder that holds one."""
+    existing = latest_checkpoint(loop.out_dir / "checkpoints")
+    if existing is None and loop.resume and not loop.resume_if_any:
+        raise ConfigError(f"--resume: {loop.out_dir / 'checkpoints'} holds no complete checkpoint, so there is "
+                          f"nothing to continue; check --out, drop --resume to start from step 0, or pass "
+                          f"--resume-if-any to start fresh when there is none")
+    if existing is not None and not loop.resuming:
+        raise ConfigError(f"{loop.out_dir} already holds checkpoints (newest {existing.name}); "
+                          "pass --resume to continue that run or choose another --out")
+
+
 class _Trainer:
-    def __init__(self, task: TrainTask, loop: LoopConfig, optim: OptimConfig, ctx: DistContext) -> None:
-        self.task, self.loop, self.optim, self.ctx = task, loop, optim, ctx
+    def __init__(self, task: TrainTask, loop: LoopConfig, optim: OptimConfig, ctx: DistContext,
+                 stop: GracefulStop) -> None:
+        self.task, self.loop, self.optim, self.ctx, self.stop = task, loop, optim, ctx, stop
         self.ckpt_root = loop.out_dir / "checkpoints"
 
     # -- setup --
@@ -214,7 +251,7 @@ class _Trainer:
         if existing is None:
             _seed_all(self.loop.seed + 1000003 * self.ctx.rank + 1)   # per-rank streams (dropout, sampling)
             return 0, 0, None
-        if not self.loop.resume:
+        if not self.loop.resuming:
             raise ConfigError(f"{self.loop.out_dir} already holds checkpoints (newest {existing.name}); "
                               "pass --resume to continue that run or choose another --out")
         doc = read_trainer_state(existing)
@@ -290,6 +327,33 @@ class _Trainer:
             self.task.save_model(to_save, tmp)
         return final
 
+    def _stop_agreed(self) -> bool:
+        """Whether to stop after the step just finished: a signal reached this process or, under
+        DDP/FSDP, any rank (one small all-reduce per step, so every rank saves the same step)."""
+        flag = self.stop.requested
+        if self.ctx.collective:
+            votes = all_reduce_sum(torch.tensor([float(flag)], device=self.ctx.device), self.ctx)
+            flag = bool(votes.item() > 0)
+        return flag
+
+    def _interrupted(self, result: TrainResult, bar: Any, done: int, saved_step: int | None) -> None:
+        """Checkpoint the finished steps (unless that step is already saved) and raise Interrupted."""
+        with self.stop.deferred(raise_after=False):
+            if bar is not None:
+                bar.close()
+            if done > (saved_step if saved_step is not None else 0):
+                result.checkpoint = self._save(done, result.last_train)
+            elif saved_step is None:   # not one step finished and no checkpoint to resume from
+                raise StopRequested(self.stop.signum or 15)
+            if self.ctx.is_main and self.loop.plot:
+                self.log.plot()
+            barrier(self.ctx)
+        signum = self.stop.signum or 15   # a rank stopped by another rank's signal: as if SIGTERM
+        where = result.checkpoint if result.checkpoint is not None else self.ckpt_root
+        raise Interrupted(f"training in {self.loop.out_dir} interrupted by {signal_name(signum)} after step "
+                          f"{done} of {self.loop.max_steps}: checkpoint {where} kept; rerun the same command with "
+                          f"--resume to continue from it.", signum=signum)
+
     # -- main --
     def run(self) -> TrainResult:
         loop, ctx = self.loop, self.ctx
@@ -300,7 +364,8 @@ class _Trainer:
         self._build()
         start, self.tokens_seen, resumed_from = self._maybe_resume()
         self.train_tokens = 0
-        self.log = MetricsLog(loop.out_dir, enabled=ctx.is_main, resume_step=start if resumed_from else None)
+        self.log = MetricsLog(loop.out_dir, enabled=ctx.is_main, resume_step=start if resumed_from else None,
+                              perplexity_of=getattr(self.task, "perplexity_of", None))
         result = TrainResult(step=start, out_dir=loop.out_dir, final_dir=None, checkpoint=resumed_from,
                              resumed_from=resumed_from, metrics_path=self.log.path)
         if loop.eval_at_start and start == 0:
@@ -316,51 +381,74 @@ class _Trainer:
         train_s = 0.0
         segment0 = time.perf_counter()
         accum = loop.grad_accum
-        for step in range(start, loop.max_steps):
-            lr = lr_at(step, self.optim, loop.max_steps)
-            set_lr(self.optimizer, lr)
-            for micro in range(accum):
-                batch = _to_device(self.task.batch(step, micro, ctx.rank, ctx.world_size), ctx.device)
-                with no_sync(self.model, micro < accum - 1), _autocast(ctx.device):
-                    loss, metrics = self.task.loss(self.model, batch)
-                (loss / accum).backward()
-                acc.add_micro(loss, metrics)
-            if self.optim.grad_clip > 0:
-                acc.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.optim.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            last = done == loop.max_steps
-            do_eval = last or (loop.eval_every > 0 and done % loop.eval_every == 0)
-            do_save = last or (loop.save_every > 0 and done % loop.save_every == 0)
-            if last or do_save or done % loop.log_every == 0:
-                record = self._flush(acc, done, lr)
-                result.last_train = record
-                if bar is not None:
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-            if bar is not None:
-                bar.update(1)
-            if do_eval or do_save:
-                train_s += time.perf_counter() - segment0
-                if do_eval:
-                    ev = self._evaluate(done)
-                    if ev:
-                        result.last_eval = ev
-                        result.eval_history.append({"step": done, **ev})
-                if do_save:
-                    result.checkpoint = self._save(done, result.last_train)
-                if ctx.is_main and loop.plot:
-                    result.plot_path = self.log.plot()
-                acc.t0 = segment0 = time.perf_counter()
+        stop = self.stop
+        done, saved_step = start, (start if resumed_from is not None else None)
+        stopping = False
+        try:
+            for step in range(start, loop.max_steps):
+                with stop.deferred(raise_after=False):   # a step is finished, never cut in half
+                    lr = lr_at(step, self.optim, loop.max_steps)
+                    set_lr(self.optimizer, lr)
+                    for micro in range(accum):
+                        batch = _to_device(self.task.batch(step, micro, ctx.rank, ctx.world_size), ctx.device)
+                        with no_sync(self.model, micro < accum - 1), _autocast(ctx.device):
+                            loss, metrics = self.task.loss(self.model, batch)
+                        (loss / accum).backward()
+                        acc.add_micro(loss, metrics)
+                    if self.optim.grad_clip > 0:
+                        acc.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.optim.grad_clip)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    done = step + 1
+                    last = done == loop.max_steps
+                    stopping = not last and self._stop_agreed()
+                    do_eval = not stopping and (last or (loop.eval_every > 0 and done % loop.eval_every == 0))
+                    do_save = last or (loop.save_every > 0 and done % loop.save_every == 0)
+                    if last or do_save or stopping or done % loop.log_every == 0:
+                        record = self._flush(acc, done, lr)
+                        result.last_train = record
+                        if bar is not None:
+                            bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
+                                            tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+                    if bar is not None:
+                        bar.update(1)
+                if stopping:
+                    break
+                if do_eval or do_save:
+                    train_s += time.perf_counter() - segment0
+                    if do_eval:
+                        # an evaluation in progress is dropped on a signal (the step is already done),
+                        # except where it is collective and every rank must take part
+                        with stop.deferred() if ctx.mode == "fsdp" else nullcontext():
+                            ev = self._evaluate(done)
+                        if ev:
+                            result.last_eval = ev
+                            result.eval_history.append({"step": done, **ev})
+                    if do_save:
+                        with stop.deferred(raise_after=False):
+                            result.checkpoint = self._save(done, result.last_train)
+                            saved_step = done
+                    if ctx.is_main and loop.plot:
+                        result.plot_path = self.log.plot()
+                    acc.t0 = segment0 = time.perf_counter()
+                if not last and stop.requested and not ctx.collective:  # arrived while saving
+                    stopping = True
+                    break
+        except StopRequested:
+            if ctx.collective:  # pragma: no cover - every collective wait above is deferred
+                raise
+            stopping = True
+        if stopping:
+            self._interrupted(result, bar, done, saved_step)
         train_s += time.perf_counter() - segment0 if start < loop.max_steps else 0.0
         if bar is not None:
             bar.close()
         result.step = loop.max_steps
-        result.final_dir = self._save_final()
-        if ctx.is_main and loop.plot and result.plot_path is None:
-            result.plot_path = self.log.plot()
-        barrier(ctx)
+        with stop.deferred(raise_after=False):   # the run is complete: save it whatever arrives now
+            result.final_dir = self._save_final()
+            if ctx.is_main and loop.plot and result.plot_path is None:
+                result.plot_path = self.log.plot()
+            barrier(ctx)
         result.tokens_seen = self.tokens_seen
         result.train_s = train_s
         result.tokens_per_s = self.train_tokens / train_s if train_s > 0 else 0.0

@@ -3,8 +3,12 @@
 Records have ``kind`` ("train" or "eval"), ``step`` and numbers. On resume, records of steps
 after the checkpoint are dropped (they belong to the abandoned continuation), so the curves
 of a resumed run look exactly like those of a straight run. The plot (matplotlib, Agg) shows
-the loss (train and any ``eval_loss``) and the perplexity (``exp(loss)`` of train, and
-``eval_ppl``/``*ppl*`` eval metrics), written to a temporary name and renamed.
+the loss (train and any ``eval_loss``) and, on the right, the perplexity: ``exp`` of the train
+metric the task names as its per-token cross-entropy (``perplexity_of``; none for a loss that is
+not one, such as distillation's sum over TTT steps, where exp would mean nothing) and
+``eval_ppl``/``*ppl*`` eval metrics; without any perplexity the right panel shows the per-step
+accuracies (``acc_*``) instead. Every point is marked, so a run of one or two records is not a
+blank plot. Written to a temporary name and renamed.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from osprey_data.atomic import atomic_file, write_text
 
-__all__ = ["MetricsLog", "read_metrics", "plot_metrics"]
+__all__ = ["MetricsLog", "read_metrics", "plot_metrics", "metrics_figure"]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -36,7 +40,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class MetricsLog:
     """Appends records to ``out_dir/metrics.jsonl`` on the main rank (no-op elsewhere)."""
 
-    def __init__(self, out_dir: Path, *, enabled: bool, resume_step: int | None = None) -> None:
+    def __init__(self, out_dir: Path, *, enabled: bool, resume_step: int | None = None,
+                 perplexity_of: str | None = None) -> None:
+        self.perplexity_of = perplexity_of
         self.path = Path(out_dir) / "metrics.jsonl"
         self.plot_path = Path(out_dir) / "metrics.png"
         self.enabled = enabled
@@ -64,7 +70,7 @@ class MetricsLog:
         """Redraw ``metrics.png`` from the log; returns its path."""
         if not self.enabled:
             return None
-        return plot_metrics(read_metrics(self.path), self.plot_path)
+        return plot_metrics(read_metrics(self.path), self.plot_path, perplexity_of=self.perplexity_of)
 
 
 def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[int], list[float]]:
@@ -76,8 +82,23 @@ def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[in
     return xs, ys
 
 
-def plot_metrics(records: list[dict[str, Any]], out_path: Path, title: str | None = None) -> Path:
-    """Draw loss and perplexity curves of ``records`` into ``out_path`` (PNG)."""
+def plot_metrics(records: list[dict[str, Any]], out_path: Path, title: str | None = None, *,
+                 perplexity_of: str | None = None) -> Path:
+    """Draw loss and perplexity (or accuracy) curves of ``records`` into ``out_path`` (PNG);
+    ``perplexity_of`` names the train metric that is a per-token cross-entropy in nats, if any."""
+    import matplotlib.pyplot as plt
+
+    fig = metrics_figure(records, title, perplexity_of=perplexity_of)
+    out_path = Path(out_path)
+    with atomic_file(out_path) as tmp:
+        fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    return out_path
+
+
+def metrics_figure(records: list[dict[str, Any]], title: str | None = None, *,
+                   perplexity_of: str | None = None) -> Any:
+    """The matplotlib figure of :func:`plot_metrics` (loss axes first, then perplexity/accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,8 +107,11 @@ def plot_metrics(records: list[dict[str, Any]], out_path: Path, title: str | Non
     fig, (ax_loss, ax_ppl) = plt.subplots(1, 2, figsize=(11, 4))
     xs, ys = _series(records, "train", "loss")
     if xs:
-        ax_loss.plot(xs, ys, label="train loss")
-        ax_ppl.plot(xs, [math.exp(min(y, 50.0)) for y in ys], label="train ppl (exp loss)")
+        ax_loss.plot(xs, ys, marker=".", label="train loss")
+    if perplexity_of is not None:
+        px, py = _series(records, "train", perplexity_of)
+        if px:
+            ax_ppl.plot(px, [math.exp(min(y, 50.0)) for y in py], marker=".", label=f"train ppl (exp {perplexity_of})")
     eval_keys = sorted({k for r in records if r.get("kind") == "eval" for k in r if k not in ("kind", "step")})
     for key in eval_keys:
         ex, ey = _series(records, "eval", key)
@@ -99,8 +123,16 @@ def plot_metrics(records: list[dict[str, Any]], out_path: Path, title: str | Non
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss (nats/token)")
     ax_ppl.set_xlabel("step")
-    ax_ppl.set_ylabel("perplexity")
-    ax_ppl.set_yscale("log")
+    if ax_ppl.get_lines():
+        ax_ppl.set_ylabel("perplexity")
+        ax_ppl.set_yscale("log")
+    else:   # the loss is no cross-entropy (distillation): per-step accuracies say more
+        acc_keys = sorted({k for r in records if r.get("kind") == "train" for k in r if k.startswith("acc")})
+        for key in acc_keys:
+            sx, sy = _series(records, "train", key)
+            if sx:
+                ax_ppl.plot(sx, sy, marker=".", label=f"train {key}")
+        ax_ppl.set_ylabel("accuracy" if acc_keys else "(no perplexity: the loss is not a cross-entropy)")
     for ax in (ax_loss, ax_ppl):
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -108,8 +140,4 @@ def plot_metrics(records: list[dict[str, Any]], out_path: Path, title: str | Non
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out_path = Path(out_path)
-    with atomic_file(out_path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    return out_path
+    return fig

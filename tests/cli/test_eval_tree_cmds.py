@@ -49,7 +49,11 @@ def test_sweep_writes_table_json_plot(pair, tmp_path):
     shapes = [(r["steps"], r["topk"], r["num_draft_tokens"]) for r in doc["rows"]]
     assert shapes == [(1, 1, 2), (2, 1, 3), (2, 2, 4)]  # (1,2,4) has 2 candidates only; (2,2,8) 6
     best = max(doc["rows"], key=lambda r: r["speedup"])
-    assert doc["best"] == best and "Best predicted shape" in (out / "sweep.md").read_text()
+    md = (out / "sweep.md").read_text()
+    assert doc["best"] == best and best["speedup"] < 1   # these costs make every shape slower than plain
+    # issue #25: a "best" shape predicted slower than plain decoding is not presented as a win
+    assert "Every shape is predicted SLOWER than plain decoding" in md and "Best predicted shape" not in md
+    assert "\\n" not in md and "\\n" not in result.output   # no literal backslash-n in the notes
     assert (out / "sweep.png").stat().st_size > 1000
     # without costs: acceptance only, no best shape
     result = CliRunner().invoke(cli, ["eval", "sweep", "--drafter", str(drafter), "--store", str(store),

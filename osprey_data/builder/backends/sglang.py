@@ -75,7 +75,7 @@ class SGLangBackend(TargetBackend):
             import sglang
         except ImportError as exc:
             raise BackendUnavailableError(
-                "--backend sglang needs the sglang extra: pip install 'osprey[sglang]' "
+                "--backend sglang needs the sglang extra: pip install -e '.[sglang]' in the Osprey checkout "
                 "(CUDA only); or use --backend hf") from exc
         if not torch.cuda.is_available():
             raise BackendUnavailableError("--backend sglang needs a CUDA GPU; use --backend hf on CPU")

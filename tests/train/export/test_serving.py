@@ -27,11 +27,11 @@ def drafter_dir(tmp_path_factory):
     return root / "d"
 
 
-def _sweep(path, *, cost=True):
+def _sweep(path, *, cost=True, scale=1.0):
     cost_model = parse_cost("example-gpu") if cost else None
-    rows = [SweepRow(shape=TreeShape.chain(3), acceptance_length=2.0, per_domain={"x": 2.0}, verify_rounds=10,
+    rows = [SweepRow(shape=TreeShape.chain(3), acceptance_length=2.0 * scale, per_domain={"x": 2.0}, verify_rounds=10,
                      tokens=20),
-            SweepRow(shape=TreeShape(steps=4, topk=2, num_draft_tokens=8), acceptance_length=2.6,
+            SweepRow(shape=TreeShape(steps=4, topk=2, num_draft_tokens=8), acceptance_length=2.6 * scale,
                      per_domain={"x": 2.6}, verify_rounds=10, tokens=26)]
     if cost_model:
         for r in rows:
@@ -68,6 +68,22 @@ def test_sweep_best_shape_becomes_the_flags(drafter_dir, tmp_path):
     assert doc["tuned"] is True and doc["sweep"] == str(sweep)
     assert doc["predicted"]["speedup"] == pytest.approx(res.best.speedup)
     assert "assumed costs" in doc["note"]
+    assert f"(tuned, predicted x{res.best.speedup:.3f})" in result.output
+
+
+def test_a_best_shape_slower_than_plain_decoding_is_not_called_tuned(drafter_dir, tmp_path):
+    """Issue #25: flags predicted at x0.87 were labelled "(tuned)"."""
+    sweep, res = _sweep(tmp_path / "slow.json", scale=0.5)   # AL 1.0 / 1.3: every shape slower
+    assert res.best.speedup < 1
+    result = CliRunner().invoke(_cli(), ["export", "--drafter", str(drafter_dir), "--format", "sglang",
+                                         "--out", str(tmp_path / "e"), "--sweep", str(sweep)])
+    assert result.exit_code == 0, result.output
+    assert "(tuned" not in result.output and "every shape is predicted slower than plain decoding" in result.output
+    doc = json.loads((tmp_path / "e" / "serving.json").read_text())
+    assert "predicted SLOWER than plain decoding" in doc["note"]
+    readme = (tmp_path / "e" / "README.md").read_text()
+    assert "least slow shape" in readme and "pip install osprey[" not in readme
+    assert 'pip install -e ".[sglang]"' in readme and "not on PyPI" in readme
 
 
 def test_bad_sweeps_are_refused_before_anything_is_written(drafter_dir, tmp_path):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +195,28 @@ def test_a_finished_store_without_its_manifest_is_named(finished, tmp_path):
     (stage_dir(out, node) / "store" / "manifest.json").unlink()
     with pytest.raises(StoreNotFoundError, match=r"manifest\.json: missing.*rerun `osprey study run`"):
         collect(cfg, out)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_inside_a_training_stage_keeps_its_checkpoint(finished, tmp_path, signum):
+    """Ctrl-C / SIGTERM at a random trainer step: exit 128 + N, one line naming the stage and how
+    to continue; the stage resumes from the checkpoint of its finished step, bit-identically."""
+    from tests.cli.test_interrupt import assert_one_interrupted_line, interrupt
+
+    cfg, reference, _ = finished
+    seed = random.randrange(10**6)
+    random.seed(seed)
+    out = tmp_path / "stopped"
+    rc, err = interrupt(["study", "run", str(cfg.path), "--out", str(out), "--no-progress"], tmp_path / "log",
+                        signum=signum, after_units=random.randint(1, 3), sleep=0.3, timeout=300)
+    line = assert_one_interrupted_line(rc, err, signum, f"seed {seed}")
+    assert f"osprey study run {cfg.path} --out {out}" in line and "kept" in line, line
+    (work,) = list((out / "work").iterdir())
+    node = next(n for n in build_plan(cfg, lookup=lambda key: read_record(out, key)).nodes if n.folder == work.name)
+    assert node.kind in ("pretrain", "distill") and f"in stage {node.label}" in line, (line, seed)
+    assert list((work / "run" / "checkpoints").iterdir()), seed
+    run(StudyRunConfig(study=cfg, out=out, progress=False, max_stages=1))   # the interrupted stage only
+    assert read_record(out, node)["resumed"] is True
+    a = load_file(str(stage_dir(reference, node) / "run" / "final" / "model.safetensors"))
+    b = load_file(str(stage_dir(out, node) / "run" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), seed

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from osprey_data.errors import CheckpointError, ConfigError, TrainingDivergedError
+from osprey_data.errors import CheckpointError, ConfigError, Interrupted, TrainingDivergedError
 from osprey_train.trainer import LoopConfig, OptimConfig
 from osprey_train.trainer.loop import TrainResult, train
 from osprey_train.trainer.metrics import read_metrics
@@ -115,9 +116,40 @@ def test_resume_with_changed_settings_is_refused(tmp_path):
         train(ToyTask(), _loop(tmp_path, resume=True, max_steps=20), OPTIM)
 
 
-def test_resume_without_checkpoint_starts_fresh(tmp_path):
-    result = train(ToyTask(), _loop(tmp_path, resume=True, max_steps=2, save_every=0, eval_every=0), OPTIM)
+def test_resume_without_checkpoint_is_an_error_unless_if_any(tmp_path):
+    with pytest.raises(ConfigError, match="--resume: .* holds no complete checkpoint.*--resume-if-any"):
+        train(ToyTask(), _loop(tmp_path, resume=True, max_steps=2, save_every=0, eval_every=0), OPTIM)
+    result = train(ToyTask(), _loop(tmp_path, resume_if_any=True, max_steps=2, save_every=0, eval_every=0), OPTIM)
     assert result.resumed_from is None and result.step == 2
+    again = train(ToyTask(), _loop(tmp_path / "x", resume_if_any=True, max_steps=2, save_every=0, eval_every=0),
+                  OPTIM)
+    assert again.step == 2
+    # a checkpoint present: --resume-if-any continues it (here: nothing left to do)
+    resumed = train(ToyTask(), _loop(tmp_path, resume_if_any=True, max_steps=2, save_every=0, eval_every=0), OPTIM)
+    assert resumed.resumed_from.name == "step-2"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_checkpoints_the_finished_step_and_resume_is_exact(tmp_path, signum):
+    straight = train(ToyTask(), _loop(tmp_path / "a", save_every=0, eval_every=0), OPTIM)
+    # a real signal to this process in the middle of step 3 (save_every=0: no periodic checkpoint)
+    with pytest.raises(Interrupted, match=rf"interrupted by {signum.name} after step 4 of 10: checkpoint "
+                                          rf".*step-4 kept; rerun the same command with --resume") as exc:
+        train(ToyTask(signal_at_step=3, signum=signum), _loop(tmp_path / "b", save_every=0, eval_every=0), OPTIM)
+    assert exc.value.exit_code == 128 + signum
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert [p.name for p in (tmp_path / "b" / "checkpoints").iterdir()] == ["step-4"]
+    resumed = train(ToyTask(), _loop(tmp_path / "b", save_every=0, eval_every=0, resume=True), OPTIM)
+    assert resumed.resumed_from.name == "step-4"
+    wa, wb = _weights(straight), _weights(resumed)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_signal_during_evaluation_drops_it_and_keeps_the_step(tmp_path):
+    with pytest.raises(Interrupted, match="after step 5 of 10: checkpoint .*step-5 kept"):
+        train(ToyTask(signal_in_eval=True), _loop(tmp_path, save_every=0, eval_every=5), OPTIM)
+    evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals == []   # the evaluation in progress was dropped, not half-written
 
 
 def test_nan_loss_raises(tmp_path):
@@ -177,3 +209,24 @@ def test_cpu_trains_in_fp32(tmp_path):
 
     train(Probe(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
     assert dtypes == [torch.float32, torch.float32]
+
+
+def test_metrics_plot_marks_short_runs_and_never_exponentiates_a_non_cross_entropy():
+    """Issue #25: a 1-record distill run drew a blank metrics.png, and exp(summed TTT loss) was
+    plotted as a perplexity (~1e17)."""
+    import matplotlib.pyplot as plt
+
+    from osprey_train.trainer.metrics import metrics_figure
+
+    records = [{"kind": "train", "step": 1, "loss": 40.0, "acc_k0": 0.2, "acc_k1": 0.1}]
+    fig = metrics_figure(records)   # distillation: no perplexity_of
+    loss_ax, right_ax = fig.axes
+    (line,) = loss_ax.get_lines()
+    assert line.get_marker() not in (None, "None", "") and list(line.get_ydata()) == [40.0]
+    assert sorted(line.get_label() for line in right_ax.get_lines()) == ["train acc_k0", "train acc_k1"]
+    assert all(max(line.get_ydata()) <= 1.0 for line in right_ax.get_lines())
+    plt.close(fig)
+    fig = metrics_figure([{"kind": "train", "step": 1, "loss": 2.0, "ce": 1.0}], perplexity_of="ce")
+    (ppl,) = fig.axes[1].get_lines()
+    assert ppl.get_ydata()[0] == pytest.approx(2.718281828) and fig.axes[1].get_yscale() == "log"
+    plt.close(fig)

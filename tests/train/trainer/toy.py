@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import torch
@@ -43,12 +45,15 @@ class ToyLM(nn.Module):
 
 class ToyTask:
     def __init__(self, *, vocab: int = 32, dim: int = 16, batch_size: int = 4, seq_len: int = 8,
-                 dropout: float = 0.1, crash_at_step: int | None = None, nan_at_step: int | None = None) -> None:
+                 dropout: float = 0.1, crash_at_step: int | None = None, nan_at_step: int | None = None,
+                 signal_at_step: int | None = None, signum: int = signal.SIGINT, signal_in_eval: bool = False) -> None:
         self.vocab, self.dim, self.batch_size, self.seq_len = vocab, dim, batch_size, seq_len
         self.dropout = dropout
         self.crash_at_step = crash_at_step
         self.nan_at_step = nan_at_step
+        self.signal_at_step, self.signum, self.signal_in_eval = signal_at_step, signum, signal_in_eval
         self.batches_seen: list[tuple[int, int, int]] = []
+        self.perplexity_of = "loss"   # a plain next-token cross-entropy
 
     def build_model(self) -> nn.Module:
         return ToyLM(self.vocab, self.dim, self.dropout)
@@ -66,6 +71,8 @@ class ToyTask:
     def batch(self, step: int, micro: int, rank: int, world_size: int) -> dict:
         if self.crash_at_step is not None and step == self.crash_at_step:
             raise Crash(f"simulated crash at step {step}")
+        if self.signal_at_step is not None and step == self.signal_at_step and micro == 0:
+            os.kill(os.getpid(), self.signum)   # a real signal in the middle of the step
         slot = micro * world_size + rank
         self.batches_seen.append((step, micro, rank))
         return {"ids": self._sequences(100_003 * step + slot, self.batch_size), "step": step}
@@ -79,6 +86,8 @@ class ToyTask:
         return loss, {"tokens": float(ids[:, 1:].numel())}
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
+        if self.signal_in_eval:
+            os.kill(os.getpid(), signal.SIGINT)
         ids = self._sequences(7, 16).to(next(model.parameters()).device)
         logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, self.vocab), ids[:, 1:].reshape(-1)).item()
