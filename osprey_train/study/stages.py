@@ -192,8 +192,8 @@ def _loop_wiring(ctx: StageContext, work: Path, *, log_every: int) -> dict[str, 
 def _eval(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     drafter = load_drafter(inputs.out("drafter"), device=ctx.device if ctx.device != "auto" else "cpu")
     reader = StoreReader(str(inputs.out("store")))
-    report = evaluate_acceptance(drafter, reader, steps=node.settings["draft_steps"],
-                                 max_samples=node.settings["max_samples"] or None, progress=ctx.progress)
+    report = evaluate_acceptance(drafter, reader, steps=node.settings.steps,
+                                 max_samples=node.settings.max_samples or None, progress=ctx.progress)
     doc = report.to_dict()
     doc["store"] = None   # a path, not a result
     write_json(work / OUTPUTS["eval"], doc)
@@ -204,12 +204,10 @@ def _live(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str
     import torch
 
     target, gguf = _model_arg(ctx, inputs, "target")
-    s = node.settings
-    report = live_run(LiveConfig(drafter=str(inputs.out("drafter")), target=target, gguf_file=gguf,
-                                 inputs=(str(inputs.out("prompts")),), steps=s["draft_steps"], temperature=0.0,
-                                 max_new_tokens=s["max_new_tokens"], limit=s["prompts"], device=ctx.device,
-                                 tap_codec=s["tap_codec"], out=str(work / OUTPUTS["live"]), progress=ctx.progress,
-                                 threads=torch.get_num_threads()))
+    report = live_run(node.settings.build(
+        LiveConfig, drafter=str(inputs.out("drafter")), target=target, gguf_file=gguf,
+        input=(str(inputs.out("prompts")),), device=ctx.device, out=str(work / OUTPUTS["live"]),
+        progress=ctx.progress, threads=torch.get_num_threads()))
     return {k: v for k, v in report.to_dict().items() if k != "samples"}
 
 
