@@ -1,15 +1,28 @@
 """``osprey eval acceptance``, ``osprey eval sweep`` and ``osprey eval matrix``: offline acceptance length.
 
-Each command parses its options into a typed config and calls one ``run``.
+Each command parses its options into a typed config and calls one ``run``; the options of
+``acceptance`` are generated from :class:`osprey_train.evaluation.options.AcceptanceConfig`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from osprey_cli.config_options import ConfigOptions
+from osprey_train.evaluation.options import KV_MODES, AcceptanceConfig
+
 __all__ = ["acceptance", "matrix", "sweep"]
+
+ACCEPTANCE_OPTIONS = ConfigOptions(AcceptanceConfig)
+
+
+def _given(name: str) -> bool:
+    """Whether the option ``name`` of the running command was given (not left at its default)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source is not None and source != click.core.ParameterSource.DEFAULT
 
 
 def _tree_shapes(values: tuple[str, ...]) -> list:
@@ -41,19 +54,11 @@ _KV_HELP = ("Tree drafting: which earlier tree nodes a drafted node attends to: 
 
 
 @click.command("acceptance")
-@click.option("--drafter", required=True, type=click.Path(path_type=Path), help="Drafter folder.")
-@click.option("--store", required=True, help="Eval store (path or fsspec URL).")
-@click.option("--steps", type=int, default=None, help="Draft length S of chain drafting [default: 5].")
+@ACCEPTANCE_OPTIONS
 @click.option("--tree", "trees", multiple=True, help=_TREE_HELP)
-@click.option("--draft-kv", type=click.Choice(["sglang", "ancestors"]), default="sglang", show_default=True,
-              help=_KV_HELP)
-@click.option("--max-samples", type=int, default=0, show_default=True, help="Samples (0 = all).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--attention", type=click.Choice(["sdpa", "eager", "flex"]), default="sdpa", show_default=True,
-              help="Attention used to draft every position at once (same drafts; speed differs).")
+@click.option("--draft-kv", type=click.Choice(KV_MODES), default="sglang", show_default=True, help=_KV_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (a list with --tree).")
-def acceptance(drafter: Path, store: str, steps: int | None, trees: tuple[str, ...], draft_kv: str,
-               max_samples: int, device: str, attention: str, as_json: bool) -> None:
+def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: Any) -> None:
     """Offline acceptance length: exact simulation of greedy chain (or --tree) speculative decoding.
 
     \b
@@ -64,21 +69,20 @@ def acceptance(drafter: Path, store: str, steps: int | None, trees: tuple[str, .
     import json
 
     from osprey_data.errors import ConfigError
-    from osprey_train.evaluation.acceptance import AcceptanceConfig, run
+    from osprey_train.evaluation.acceptance import run
 
+    config = ACCEPTANCE_OPTIONS.config(params, progress=not as_json)
     if not trees:
-        report = run(AcceptanceConfig(drafter=drafter, store=store, steps=5 if steps is None else steps,
-                                      max_samples=max_samples, device=device, attention=attention,
-                                      progress=not as_json))
+        report = run(config)
         click.echo(report.to_json() if as_json else report.to_text())
         return
     from osprey_train.evaluation import tree_acceptance
 
-    if steps is not None:
+    if _given("steps"):
         raise ConfigError("acceptance: --steps is for chain drafting; with --tree give the steps in STEPS,TOPK,N")
     reports = tree_acceptance.run(tree_acceptance.TreeAcceptanceConfig(
-        drafter=drafter, store=store, trees=_tree_shapes(trees), draft_kv=draft_kv, max_samples=max_samples,
-        device=device, attention=attention, progress=not as_json))
+        drafter=config.drafter, store=config.store, trees=_tree_shapes(trees), draft_kv=draft_kv,
+        max_samples=config.max_samples, device=config.device, attention=config.attention, progress=not as_json))
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2, sort_keys=True))
     else:

@@ -1,42 +1,30 @@
-"""``osprey eval live``: real speculative decoding with a target and a drafter, vs the target alone."""
+"""``osprey eval live``: real speculative decoding with a target and a drafter, vs the target alone.
+
+The options are generated from :class:`osprey_train.evaluation.options.LiveConfig`; ``--tree``
+(parsed with SGLang's adjustments echoed) and ``--json`` are the command's own.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
+from osprey_cli.config_options import ConfigOptions
+from osprey_train.evaluation.options import LiveConfig
+
 __all__ = ["live"]
+
+OPTIONS = ConfigOptions(LiveConfig)
 
 
 @click.command("live")
-@click.option("--drafter", required=True, help="Drafter folder (Osprey or EAGLE-3).")
-@click.option("--target", required=True, help="Target: HF folder, .gguf file or hub id (online only).")
-@click.option("--input", "inputs", required=True, multiple=True, help="Prompt file(s); repeat for several.")
-@click.option("--gguf-file", default=None, help="GGUF file name inside --target (a folder).")
-@click.option("--steps", type=int, default=None, help="Draft steps per verify step (chain drafting) [default: 5].")
+@OPTIONS
 @click.option("--tree", default=None,
               help="Tree drafting (greedy) with SGLang's shape STEPS,TOPK,NUM_DRAFT_TOKENS instead of a chain.")
-@click.option("--draft-kv", type=click.Choice(["sglang", "ancestors"]), default="sglang", show_default=True,
-              help="Tree drafting: which earlier tree nodes a drafted node attends to (sglang = as served).")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0 = greedy (lossless); > 0 = rejection sampling (keeps the target distribution).")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens per prompt at most.")
-@click.option("--limit", type=int, default=None, help="At most this many prompts (round-robin over domains).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
-@click.option("--tap-codec", type=click.Choice(["bf16", "fp8"]), default=None,
-              help="Round live taps through a store codec, as the drafter saw them in training.")
-@click.option("--no-baseline", is_flag=True, help="Skip plain decoding (no tokens/s ratio, no lossless check).")
-@click.option("--allow-target-mismatch", is_flag=True, help="Run even if the drafter's target hashes differ.")
-@click.option("--threads", type=int, default=None,
-              help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
-@click.option("--out", default=None, help="Also write the full report as JSON to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def live(drafter: str, target: str, inputs: tuple[str, ...], gguf_file: str | None, steps: int | None,
-         tree: str | None, draft_kv: str, temperature: float, max_new_tokens: int, limit: int | None, device: str,
-         seed: int, tap_codec: str | None, no_baseline: bool, allow_target_mismatch: bool, threads: int | None,
-         out: str | None, as_json: bool) -> None:
+def live(tree: str | None, as_json: bool, **params: Any) -> None:
     """Speculative decoding of prompts: acceptance length per domain, tokens/s vs the target alone.
 
     \b
@@ -45,22 +33,18 @@ def live(drafter: str, target: str, inputs: tuple[str, ...], gguf_file: str | No
       osprey eval live --drafter runs/osprey/final --target MODEL --input prompts.jsonl --tree 5,4,8
     """
     from osprey_data.errors import ConfigError
-    from osprey_train.evaluation.live import LiveConfig, run
+    from osprey_train.evaluation.live import run
     from osprey_train.evaluation.tree_shape import parse_tree_shape
 
     shape = None
     if tree is not None:
-        if steps is not None:
+        source = click.get_current_context().get_parameter_source("steps")
+        if source is not None and source != click.core.ParameterSource.DEFAULT:
             raise ConfigError("live: --steps is for chain drafting; with --tree give the steps in STEPS,TOPK,N")
         shape, note = parse_tree_shape(tree)
         if note:
             click.echo(f"note: --tree {tree}: {note}", err=True)
-    report = run(LiveConfig(drafter=drafter, target=target, inputs=inputs, gguf_file=gguf_file,
-                            steps=5 if steps is None else steps, tree=shape, draft_kv=draft_kv,
-                            temperature=temperature, max_new_tokens=max_new_tokens, limit=limit, device=device,
-                            seed=seed, tap_codec=tap_codec, baseline=not no_baseline,
-                            allow_target_mismatch=allow_target_mismatch, threads=threads, out=out,
-                            progress=not as_json))
+    report = run(OPTIONS.config(params, tree=shape, progress=not as_json))
     if as_json:
         doc = report.to_dict()
         doc.pop("samples")

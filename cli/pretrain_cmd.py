@@ -1,33 +1,25 @@
-"""``osprey train pretrain``: Stage 2 next-token pretraining of a pruned backbone (torchrun-ready)."""
+"""``osprey train pretrain``: Stage 2 next-token pretraining of a pruned backbone (torchrun-ready).
+
+The options are generated from :class:`osprey_train.stages.configs.PretrainConfig` (its own
+fields, then its ``loop`` and ``optim``); the command parses them into that config and calls ``run``.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
-from osprey_cli.train_options import loop_config, loop_options, optim_config, optim_options
-from osprey_train.stages.defaults import PRETRAIN_OPTIM_DEFAULTS
+from osprey_cli.config_options import ConfigOptions
+from osprey_train.stages.configs import PretrainConfig
 
 __all__ = ["pretrain"]
 
+OPTIONS = ConfigOptions(PretrainConfig)
+
 
 @click.command("pretrain")
-@click.option("--model", required=True, type=click.Path(path_type=Path), help="HF backbone folder (Stage 1 output).")
-@click.option("--corpus", required=True, type=click.Path(path_type=Path), help="Tokenized corpus folder.")
-@click.option("--seq-len", type=int, default=1024, show_default=True, help="Tokens per training window.")
-@click.option("--batch-size", type=int, default=8, show_default=True, help="Windows per micro-batch per process.")
-@click.option("--heldout-fraction", type=float, default=0.01, show_default=True,
-              help="End fraction of the corpus held out for perplexity.")
-@click.option("--eval-windows", type=int, default=64, show_default=True, help="Held-out windows per eval.")
-@click.option("--teacher", default=None,
-              help="Knowledge distillation: the unpruned source (folder/.gguf/hub id); its logits are the soft targets.")
-@click.option("--kd-temperature", type=float, default=1.0, show_default=True, help="Temperature of the KD term.")
-@click.option("--kd-weight", type=float, default=1.0, show_default=True,
-              help="Weight of the KD term (the rest goes to next-token cross-entropy).")
-@loop_options
-@optim_options(PRETRAIN_OPTIM_DEFAULTS)
+@OPTIONS
 def pretrain(**params: Any) -> None:
     """Stage 2: pretrain a pruned backbone on generic text (launch with torchrun for DDP/FSDP).
 
@@ -39,10 +31,9 @@ def pretrain(**params: Any) -> None:
       osprey train pretrain --model runs/pruned --corpus corpora/generic --out runs/backbone --steps 2000
       osprey train pretrain --model runs/pruned --corpus corpora/generic --out runs/backbone-kd --teacher SOURCE
     """
-    from osprey_train.stages.pretrain import PretrainConfig, run
+    from osprey_train.stages.pretrain import run
 
-    loop, optim = loop_config(params), optim_config(params)
-    result = run(PretrainConfig(loop=loop, optim=optim, **params))
+    result = run(OPTIONS.config(params))
     if result.final_dir is None:      # ranks > 0 under torchrun stay quiet
         return
     initial = f"{result.initial_ppl:.2f}" if result.initial_ppl is not None else "n/a (resumed)"

@@ -16,7 +16,7 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import HIDDEN_CODECS
-from osprey_data.target_model import TapLayers
+from osprey_data.target_model import TapLayers, parse_taps
 
 __all__ = ["BuildConfig", "BACKEND_NAMES", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
 
@@ -41,11 +41,11 @@ class BuildConfig:
 
     target: str
     """Target model: local HF folder, hub id (online only), or a ``.gguf`` file path."""
-    inputs: tuple[str, ...]
-    """Input files/folders: JSONL, JSON, Parquet or a saved ``datasets`` folder."""
+    inputs: tuple[str, ...] = field(metadata={"option": "input"})
+    """Input file (JSONL, JSON, Parquet) or saved ``datasets`` folder; repeatable."""
     out: str
     """Store location: a directory or an fsspec URL (``memory://``, ``s3://``)."""
-    backend: str = "hf"
+    backend: str = field(default="hf", metadata={"choices": BACKEND_NAMES})
     """Engine that runs the target: ``hf`` (transformers) or ``sglang``."""
     regenerate: bool = True
     """Replace assistant turns by the target's own responses (else teacher-force given ones)."""
@@ -59,8 +59,9 @@ class BuildConfig:
     """Base seed; each sample/turn draws from its own generator derived from (seed, id, turn)."""
     last_turn_only: bool = False
     """Regenerate only the last assistant turn; earlier ones stay as given."""
-    layers: tuple[int, ...] | None = None
-    """Tap ids in HF ``hidden_states`` convention; None means [2, L//2, L-3]."""
+    layers: tuple[int, ...] | None = field(default=None, metadata={
+        "option": "taps", "deprecated": ("--layers",), "parse": parse_taps})
+    """Tap ids, HF ``hidden_states`` convention, e.g. 2,15,27 (default [2, L//2, L-3])."""
     topk: int = 64
     """Number of top log-probs stored per position."""
     hidden_codec: str = "bf16-blosc"
@@ -70,18 +71,18 @@ class BuildConfig:
     """Also store the last hidden state after the final norm (exact full-vocab targets)."""
     max_length: int = 4096
     """Longest stored sequence in tokens (prompt + responses)."""
-    overflow: str = "truncate"
+    overflow: str = field(default="truncate", metadata={"choices": OVERFLOW_POLICIES})
     """What to do with sequences over ``max_length``: ``truncate`` or ``skip`` (both counted)."""
-    on_error: str = "raise"
+    on_error: str = field(default="raise", metadata={"choices": ON_ERROR_POLICIES})
     """Malformed input: ``raise`` stops, ``skip`` records it in the errors file (NaN/Inf features
     always go to the errors file)."""
     limit: int | None = None
     """Use only the first N samples of the inputs (before the worker partition)."""
-    batch_size: int = 8
+    batch_size: int = field(default=8, metadata={"operational": True})
     """Samples per generation/prefill batch."""
     device: str = "auto"
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (under torchrun: ``cuda:LOCAL_RANK``)."""
-    dtype: str = "auto"
+    dtype: str = field(default="auto", metadata={"choices": DTYPES})
     """Target weights dtype: ``auto`` is float32 on CPU and bfloat16 on CUDA."""
     num_workers: int | None = None
     """Total independent workers writing this store (default: WORLD_SIZE or 1)."""
@@ -89,14 +90,14 @@ class BuildConfig:
     """This worker's index in [0, num_workers) (default: RANK or 0)."""
     gguf_file: str | None = None
     """GGUF file inside the ``target`` folder, loaded through transformers."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
     """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``)."""
-    shard_max_tokens: int = 65536
+    shard_max_tokens: int = field(default=65536, metadata={"operational": True})
     """Tokens per store shard, the unit of commit (an interrupted build commits a shorter one)."""
     overwrite: bool = False
     """Replace an existing ``out`` (an Osprey store or any other folder) with a new store; without
     it an existing store is resumed and any other non-empty folder is refused."""
-    storage_options: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = field(default=None, metadata={"cli": False})
     """fsspec options for remote stores."""
     progress: bool = True
     """Show a tqdm progress bar."""
@@ -120,11 +121,7 @@ class BuildConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.layers is not None:
-            self.layers = tuple(int(i) for i in self.layers)
-            try:
-                TapLayers(layer_ids=self.layers)
-            except ConfigError as exc:
-                raise ConfigError(f"--layers: {exc}") from None
+            self.layers = TapLayers.checked(self.layers, where="--taps").layer_ids
         if self.topk < 1:
             raise ConfigError(f"--topk must be >= 1, got {self.topk}")
         if self.hidden_codec not in HIDDEN_CODECS:

@@ -155,7 +155,7 @@ def _checked_layers(layers: tuple[int, ...], num_layers: int) -> TapLayers:
     try:
         taps.check_target(num_layers)
     except ConfigError as exc:
-        raise ConfigError(f"--layers: {exc}") from None
+        raise ConfigError(f"--taps: {exc}") from None
     return taps
 
 

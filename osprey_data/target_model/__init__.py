@@ -18,11 +18,11 @@ from osprey_data.target_model.identity import (TargetIdentity, chat_template_has
 from osprey_data.target_model.loading import (check_target_exists, load_hf_target, peek_num_layers, resolve_device,
                                         split_gguf)
 from osprey_data.target_model.tap_capture import TapCapture, decoder_layers
-from osprey_data.target_model.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers
+from osprey_data.target_model.taps import TAP_CONVENTIONS, TapLayers, default_tap_layers, parse_taps
 
 __all__ = [
     "TargetIdentity", "identify_target", "config_hash", "tokenizer_hash", "chat_template_hash", "text_config",
-    "TapLayers", "TAP_CONVENTIONS", "default_tap_layers",
+    "TapLayers", "TAP_CONVENTIONS", "default_tap_layers", "parse_taps",
     "load_hf_target", "resolve_device", "split_gguf", "check_target_exists", "peek_num_layers",
     "check_compatible", "DrafterTargetSpec", "TapCapture", "decoder_layers",
 ]

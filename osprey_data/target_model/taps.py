@@ -25,7 +25,7 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["TapLayers", "TAP_CONVENTIONS", "default_tap_layers"]
+__all__ = ["TapLayers", "TAP_CONVENTIONS", "default_tap_layers", "parse_taps"]
 
 TAP_CONVENTIONS = ("hf_hidden_states",)
 
@@ -60,6 +60,14 @@ class TapLayers:
             raise ConfigError(
                 f"TapLayers.convention {self.convention!r} is unknown; use one of {TAP_CONVENTIONS}"
             )
+
+    @classmethod
+    def checked(cls, layer_ids: Sequence[int], *, where: str) -> "TapLayers":
+        """``TapLayers(layer_ids=...)`` with a bad list's error prefixed by ``where`` (the option)."""
+        try:
+            return cls(layer_ids=tuple(int(i) for i in layer_ids))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     def check_target(self, num_layers: int) -> None:
         """Raise :class:`ConfigError` unless every id lies within ``1 .. num_layers - 1``."""
@@ -118,7 +126,21 @@ def default_tap_layers(num_layers: int) -> TapLayers:
     """
     if num_layers < 4:
         raise ConfigError(f"default taps need a target of at least 4 layers (three distinct layers within "
-                          f"1..L-1; target has {num_layers}); pass --layers explicitly")
+                          f"1..L-1; target has {num_layers}); pass --taps explicitly")
     if num_layers < 7:
         return TapLayers(layer_ids=(1, num_layers // 2, num_layers - 1))
     return TapLayers(layer_ids=(2, num_layers // 2, num_layers - 3))
+
+
+def parse_taps(text: str | None) -> tuple[int, ...] | None:
+    """``"2,15,27"`` -> (2, 15, 27); None or blank -> None (the default taps).
+
+    The one parser of tap lists written by people (``--taps`` of ``osprey data build`` and
+    ``osprey train convert``); whether the ids make a valid tap set is :class:`TapLayers`'s check.
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise ConfigError(f"tap layers: expected comma-separated integers like 2,15,27, got {text!r}") from None

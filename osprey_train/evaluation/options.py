@@ -1,15 +1,26 @@
-"""Drafting options shared by the offline evaluations (``osprey eval acceptance`` / ``matrix``).
+"""The configs of the evaluations (``osprey eval acceptance``, ``matrix``, ``live``), free of torch.
 
-Kept free of torch so that the CLI can build and check configs cheaply.
+The command line generates its options from these classes (``osprey_cli.config_options``) and
+builds and checks them without importing torch; the evaluation modules run them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from osprey_data.errors import ConfigError
+from osprey_train.evaluation.tree_shape import TreeShape
 
-__all__ = ["DraftingOptions"]
+__all__ = ["DraftingOptions", "AcceptanceConfig", "LiveConfig", "KV_MODES", "ATTENTION_IMPLS", "TAP_CODECS"]
+
+KV_MODES = ("sglang", "ancestors")
+"""Tree drafting: which earlier tree nodes a drafted node attends to (sglang = SGLang's draft KV layout,
+as served; ancestors = an exact tree attention)."""
+ATTENTION_IMPLS = ("sdpa", "eager", "flex")
+"""Attention implementations that draft every position of a stored sample at once."""
+TAP_CODECS = ("bf16", "fp8")
+"""Store hidden codecs live taps can be rounded through."""
 
 
 @dataclass(kw_only=True)
@@ -22,9 +33,9 @@ class DraftingOptions:
     """Samples to evaluate per store (0 = all)."""
     device: str = "auto"
     """Device of the drafter: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
-    attention: str = "sdpa"
+    attention: str = field(default="sdpa", metadata={"choices": ATTENTION_IMPLS})
     """TTT attention implementation used to draft all positions at once (sdpa, eager, flex)."""
-    progress: bool = True
+    progress: bool = field(default=True, metadata={"cli": False})
     """Show progress bars."""
 
     def check_drafting(self, command: str) -> None:
@@ -33,5 +44,91 @@ class DraftingOptions:
             raise ConfigError(f"{command}: --steps must be >= 1, got {self.steps}")
         if self.max_samples < 0:
             raise ConfigError(f"{command}: --max-samples must be >= 0, got {self.max_samples}")
-        if self.attention not in ("sdpa", "eager", "flex"):
+        if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(f"{command}: --attention must be sdpa, eager or flex, got {self.attention!r}")
+
+
+@dataclass(kw_only=True)
+class AcceptanceConfig(DraftingOptions):
+    """Options of ``osprey eval acceptance``."""
+
+    drafter: Path
+    """Drafter folder."""
+    store: str
+    """Eval store (responses generated greedily by the target for an exact figure)."""
+
+    def __post_init__(self) -> None:
+        self.drafter = Path(self.drafter)
+        self.check_drafting("acceptance")
+
+
+@dataclass(kw_only=True)
+class LiveConfig:
+    """Options of one live speculative-decoding run."""
+
+    drafter: str
+    """Drafter folder (``save_drafter`` output: Osprey or EAGLE-3)."""
+    target: str
+    """Target: local HF folder, hub id (online only) or a ``.gguf`` file path."""
+    inputs: tuple[str, ...] = field(metadata={"option": "input"})
+    """Prompt files (JSONL/JSON/Parquet/datasets folder, builder input formats)."""
+    gguf_file: str | None = None
+    """GGUF file name inside ``target`` when the target is a folder holding a GGUF."""
+    steps: int = 5
+    """Draft steps S per verify step (chain drafting)."""
+    tree: TreeShape | None = field(default=None, metadata={"cli": False})
+    """Tree drafting with this SGLang shape instead of a chain (greedy only; ``steps`` is not used)."""
+    draft_kv: str = field(default="sglang", metadata={"choices": KV_MODES})
+    """Tree drafting: which earlier tree nodes a drafted node attends to ('sglang' or 'ancestors')."""
+    temperature: float = 0.0
+    """0 = greedy (lossless, exact); > 0 = sampling with rejection-sampling verification."""
+    max_new_tokens: int = 64
+    """Generated tokens per prompt at most (EOS stops earlier)."""
+    limit: int | None = None
+    """At most this many prompts, round-robin across domains (None = all)."""
+    device: str = "auto"
+    """'cpu', 'cuda', 'cuda:N' or 'auto'."""
+    seed: int = 0
+    """Seed of the sampling generator (temperature > 0)."""
+    baseline: bool = field(default=True, metadata={
+        "flag": "--no-baseline", "negate": True, "help": "Skip plain decoding (no tokens/s ratio, no lossless check)."})
+    """Also decode every prompt with the target alone (tokens/s baseline, lossless check)."""
+    tap_codec: str | None = field(default=None, metadata={"choices": TAP_CODECS})
+    """Round live taps through a store hidden codec ('bf16'/'fp8') as training saw them; None = fp32."""
+    allow_target_mismatch: bool = False
+    """Run even if the drafter was built for a target with another config/tokenizer hash."""
+    out: str | None = None
+    """Optional JSON file to write the full report to."""
+    threads: int | None = None
+    """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
+    progress: bool = field(default=True, metadata={"cli": False})
+    """Show a tqdm progress bar."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inputs, str):
+            self.inputs = (self.inputs,)
+        self.inputs = tuple(str(p) for p in self.inputs)
+        if not self.inputs:
+            raise ConfigError("live: give at least one --input prompt file")
+        if self.steps < 1:
+            raise ConfigError(f"live: --steps must be >= 1, got {self.steps}")
+        if self.temperature < 0:
+            raise ConfigError(f"live: --temperature must be >= 0, got {self.temperature}")
+        if self.tree is not None and self.temperature > 0:
+            raise ConfigError("live: --tree drafting verifies greedily; use --temperature 0 (sampling needs chain "
+                              "drafting)")
+        if self.draft_kv not in KV_MODES:
+            raise ConfigError(f"live: --draft-kv must be one of {KV_MODES}, got {self.draft_kv!r}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"live: --max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"live: --limit must be >= 1, got {self.limit}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"live: --threads must be >= 1, got {self.threads}")
+        if self.tap_codec is not None and self.tap_codec not in TAP_CODECS:
+            raise ConfigError(f"live: --tap-codec must be 'bf16' or 'fp8', got {self.tap_codec!r}")
+        if not Path(self.drafter).is_dir():
+            raise ConfigError(f"live: drafter folder {self.drafter!r} does not exist")
+        for path in self.inputs:
+            if not Path(path).exists():
+                raise ConfigError(f"live: --input {path!r} does not exist")

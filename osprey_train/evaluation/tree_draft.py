@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from osprey_train.evaluation.options import KV_MODES
 from osprey_train.evaluation.tree_growth import TreeCandidates, TreeGrower, node_topk
 from osprey_train.models.attention import repeat_kv
 from osprey_train.ttt.layout import slot_inputs
@@ -46,7 +47,6 @@ from osprey_train.ttt.loss import VocabMap
 
 __all__ = ["KV_MODES", "DraftPrefix", "draft_prefix", "grow_trees", "hidden_topk", "round_roots"]
 
-KV_MODES = ("sglang", "ancestors")
 """Which earlier tree nodes a drafted node attends to (see the module docstring)."""
 
 

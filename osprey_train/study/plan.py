@@ -2,8 +2,10 @@
 
 Every stage is a :class:`Node`: a kind (``model``, ``prompts``, ``store``, ``prune``, ``corpus``,
 ``pretrain``, ``convert``, ``distill``, ``eval``, ``live``), the settings that define its output,
-and the nodes it reads. Its **key** is a hash of the kind, those settings and the keys of its
-inputs, so two arms that need the same store, backbone or pretraining share one stage, and a
+and the nodes it reads. A stage that runs a library config holds its settings as a typed stage
+table (``DistillSection``, ``ConvertSection``, ...: the options of that config, see
+``stage_tables.py``); the executor builds the config from it. Its **key** is a hash of the kind,
+those settings (every non-operational value) and the keys of its inputs, so two arms that need the same store, backbone or pretraining share one stage, and a
 stage is reused whenever nothing it depends on changed. Inputs that are files (prompt files,
 corpus, a local model) enter the key through their content digest, not their path, so the keys
 are the same on every machine. Operational settings (batch size of a build, checkpoint period,
@@ -18,6 +20,7 @@ until then it is a pending node the runner resolves when it gets there.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -27,7 +30,10 @@ from typing import Any
 
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.drafters.registry import drafter_spec
-from osprey_train.study.config import PYPI_SMOLLM2, ArmSection, ModelSection, StudyConfig
+from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, ConvertSection, EvalStage, LiveStage, ModelSection,
+                                       StudyConfig)
+from osprey_train.study.stage_tables import StageTable
+from osprey_train.trainer.config import config_json
 
 __all__ = ["Node", "Plan", "build_plan", "file_digest", "model_fingerprint"]
 
@@ -83,8 +89,10 @@ class Node:
 
     kind: str
     """Stage kind (selects the executor)."""
-    settings: dict[str, Any]
-    """JSON settings that define the output (part of the key)."""
+    settings: Any
+    """What defines the output: for a stage that runs a library config (store, prune, pretrain,
+    convert, distill) its typed stage table (``DistillSection``, ...: the config's own options),
+    whose non-operational values are part of the key; for the study's own kinds a JSON dict."""
     deps: dict[str, "Node"] = field(default_factory=dict)
     """Input role -> node."""
     label: str = ""
@@ -98,7 +106,8 @@ class Node:
     cost: float = 1.0
     """Work units for the ETA (seconds per unit are measured per kind as the study runs)."""
     operational: dict[str, Any] = field(default_factory=dict)
-    """Settings that do not change the output (batch size of a build, checkpoint period)."""
+    """Settings that do not change the output (batch size of a build, checkpoint period): for a
+    stage table, its fields marked ``operational``."""
     pending: str | None = None
     """Why the node cannot be defined yet (a 'best' live run before its cells exist)."""
     payload: Any = None
@@ -106,7 +115,12 @@ class Node:
     key: str = ""
 
     def __post_init__(self) -> None:
-        doc = {"kind": self.kind, "settings": self.settings, "deps": {r: n.key for r, n in sorted(self.deps.items())}}
+        if isinstance(self.settings, StageTable):
+            key = self.settings.key()
+            self.operational = {k: v for k, v in config_json(self.settings).items() if k not in key}
+        else:
+            key = self.settings
+        doc = {"kind": self.kind, "settings": key, "deps": {r: n.key for r, n in sorted(self.deps.items())}}
         digest = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
         self.key = "pending" if self.pending else digest[:16]
 
@@ -114,6 +128,10 @@ class Node:
     def folder(self) -> str:
         """Folder name under ``stages/`` and ``work/``."""
         return f"{self.kind}-{self.key}"
+
+    def settings_json(self) -> dict[str, Any]:
+        """The settings as JSON (a stage table's values without the operational ones)."""
+        return self.settings.key() if isinstance(self.settings, StageTable) else self.settings
 
     @property
     def resumable(self) -> bool:
@@ -123,7 +141,7 @@ class Node:
     def describe(self) -> dict[str, Any]:
         """JSON description (stage records, status)."""
         return {"kind": self.kind, "key": self.key, "label": self.label, "arm": self.arm, "seed": self.seed,
-                "domain": self.domain, "eval_domain": self.eval_domain, "settings": self.settings,
+                "domain": self.domain, "eval_domain": self.eval_domain, "settings": self.settings_json(),
                 "operational": self.operational, "deps": {r: n.key for r, n in self.deps.items()}}
 
 
@@ -205,14 +223,11 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
     def store(domain: str, split: str, data: str) -> Node:
         d = cfg.domain(domain)
         regen = data == "regenerated"
-        settings = {"regenerate": regen, "max_new_tokens": st.max_new_tokens, "topk": st.topk, "layers": st.layers,
-                    "max_length": st.max_length, "last_turn_only": st.last_turn_only, "hidden_codec": st.hidden_codec,
-                    "temperature": 0.0}
         n = d.train_samples if split == "train" else d.eval_samples
-        node = b.add(Node("store", settings, {"prompts": prompts[domain, split], "target": target},
+        node = b.add(Node("store", dataclasses.replace(st, regenerate=regen),
+                          {"prompts": prompts[domain, split], "target": target},
                           label=f"store {domain} {split}{'' if regen else ' (teacher-forced)'}", domain=domain,
-                          cost=n * (st.max_new_tokens if regen else 0.1 * st.max_length),
-                          operational={"batch_size": st.batch_size, "shard_tokens": st.shard_tokens}))
+                          cost=n * (st.max_new_tokens if regen else 0.1 * st.max_length)))
         stores[domain, split, data] = node
         return node
 
@@ -227,7 +242,8 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
     needs_backbone = any(drafter_spec(a.arch).needs_backbone for a in cfg.arms)
     prune = corpus = None
     if needs_backbone:
-        prune = b.add(Node("prune", {"layers": cfg.prune.layers}, {"source": source},
+        assert cfg.prune is not None   # StudyConfig checks it
+        prune = b.add(Node("prune", cfg.prune, {"source": source},
                            label=f"prune source to {cfg.prune.layers} blocks", cost=1))
 
     def stage2(variant: str) -> Node:
@@ -239,20 +255,17 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
                                 label="tokenize the generic corpus",
                                 cost=sum(f.stat().st_size for f in cfg.corpus.files) / 1e6))
         p = cfg.pretrain
-        settings = {"steps": p.steps, "seq_len": p.seq_len, "batch_size": p.batch_size, "lr": p.lr,
-                    "warmup_ratio": p.warmup_ratio, "heldout_fraction": p.heldout_fraction,
-                    "eval_every": p.eval_every, "eval_windows": p.eval_windows, "seed": p.seed, "variant": variant}
         deps = {"model": prune, "corpus": corpus}
-        if variant == "kd":
-            settings.update(kd_temperature=p.kd_temperature, kd_weight=p.kd_weight)
+        if variant == "kd":   # the teacher input makes the KD run; its kd_* settings apply to it only
             deps["teacher"] = source
-        node = b.add(Node("pretrain", settings, deps, label=f"stage 2 ({'distillation from the source' if variant == 'kd' else 'next-token prediction'})",
-                          cost=p.steps * p.seq_len * p.batch_size * (3.0 if variant == "kd" else 1.0) / 1000,
-                          operational={"save_every": p.save_every}))
+        else:
+            plain = type(p)()
+            p = dataclasses.replace(p, kd_temperature=plain.kd_temperature, kd_weight=plain.kd_weight)
+        node = b.add(Node("pretrain", p, deps, label=f"stage 2 ({'distillation from the source' if variant == 'kd' else 'next-token prediction'})",
+                          cost=p.steps * p.seq_len * p.batch_size * (3.0 if variant == "kd" else 1.0) / 1000))
         pretrain[variant] = node
         return node
 
-    ds = cfg.distill
     drafters: dict[tuple[str, int, str], Node] = {}
     converted: dict[tuple[str, int, str], Node] = {}
     cells: dict[tuple[str, int, str, str], Node] = {}
@@ -261,7 +274,7 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
 
     def eval_node(drafter: Node, arm: ArmSection, seed: int, domain: str, eval_domain: str, what: str) -> Node:
         n = ev.max_samples or cfg.domain(eval_domain).eval_samples
-        return b.add(Node("eval", {"draft_steps": ev.draft_steps, "max_samples": ev.max_samples},
+        return b.add(Node("eval", EvalStage(steps=ev.draft_steps, max_samples=ev.max_samples),
                           {"drafter": drafter, "store": stores[eval_domain, "eval", "regenerated"]},
                           label=f"eval {arm.name} seed {seed} {what} {domain} on {eval_domain}", arm=arm.name,
                           seed=seed, domain=domain, eval_domain=eval_domain,
@@ -272,31 +285,25 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
             backbone = None
             if drafter_spec(arm.arch).needs_backbone:
                 backbone = prune if arm.stage2 == "none" else pretrain.get(arm.stage2) or stage2(arm.stage2)
+            ds = dataclasses.replace(cfg.arm_distill(arm), seed=seed, eval_draft_steps=ev.draft_steps)
             for domain in cfg.arm_domains(arm):
                 train_store = stores[domain, "train", arm.train_data]
-                settings: dict[str, Any] = {"arch": arm.arch, "seed": seed}
                 deps = {"store": train_store, "target": target}
                 if drafter_spec(arm.arch).needs_backbone:
-                    settings["draft_vocab"] = ds.draft_vocab
+                    settings = ConvertSection(arch=arm.arch, seed=seed, draft_vocab=ds.draft_vocab)
                     deps["backbone"] = backbone
                 else:   # the arch's convert default, written out so that the stage key shows it
-                    settings["draft_vocab"] = ds.draft_vocab or drafter_spec(arm.arch).default_draft_vocab
-                    settings["layers"] = arm.layers
+                    settings = ConvertSection(arch=arm.arch, seed=seed, eagle3_layers=arm.layers,
+                                              draft_vocab=ds.draft_vocab or drafter_spec(arm.arch).default_draft_vocab)
                 conv = b.add(Node("convert", settings, deps, label=f"convert {arm.name} seed {seed} for {domain}",
                                   arm=arm.name, seed=seed, domain=domain, cost=1))
                 converted[arm.name, seed, domain] = conv
-                steps = arm.steps or ds.steps
-                dset = {"steps": steps, "tokens_per_batch": ds.tokens_per_batch, "grad_accum": ds.grad_accum,
-                        "lr": ds.lr * arm.lr_scale, "warmup_ratio": ds.warmup_ratio, "ttt_steps": ds.ttt_steps,
-                        "ttt_decay": ds.ttt_decay, "target_dist": ds.target_dist, "eval_every": ds.eval_every,
-                        "eval_samples": ds.eval_samples, "eval_draft_steps": ev.draft_steps, "seed": seed}
                 ddeps = {"init": conv, "store": train_store}
                 if ds.eval_every > 0:   # the learning curve reads the in-domain held-out store
                     ddeps["eval_store"] = stores[domain, "eval", "regenerated"]
-                dist = b.add(Node("distill", dset, ddeps,
+                dist = b.add(Node("distill", ds, ddeps,
                                   label=f"distill {arm.name} seed {seed} on {domain}", arm=arm.name, seed=seed,
-                                  domain=domain, operational={"save_every": ds.save_every},
-                                  cost=steps * ds.tokens_per_batch * ds.grad_accum * ds.ttt_steps
+                                  domain=domain, cost=ds.steps * ds.tokens_per_batch * ds.grad_accum * ds.ttt_steps
                                   * _arm_factor(cfg, arm) / 1000))
                 drafters[arm.name, seed, domain] = dist
                 if ev.converted:
@@ -316,8 +323,8 @@ def _live_node(cfg: StudyConfig, target: Node, prompts: dict, drafters: dict, ce
     lv = cfg.live
     assert lv is not None
     steps = lv.draft_steps or cfg.eval.draft_steps
-    settings = {"draft_steps": steps, "max_new_tokens": lv.max_new_tokens, "prompts": lv.prompts,
-                "tap_codec": lv.tap_codec}
+    settings = LiveStage(steps=steps, max_new_tokens=lv.max_new_tokens, limit=lv.prompts, temperature=0.0,
+                         tap_codec=lv.tap_codec)
     if lv.arm == "best":
         candidates = {k: n for k, n in cells.items() if k[2] == k[3] and (lv.domain is None or k[2] == lv.domain)}
         values = {}
@@ -328,7 +335,6 @@ def _live_node(cfg: StudyConfig, target: Node, prompts: dict, drafters: dict, ce
                             * lv.max_new_tokens / 10, pending="chosen once every in-domain cell is evaluated")
             values[k] = record["result"]["overall"]
         arm, seed, domain, _ = max(values, key=lambda k: (values[k], k))
-        settings["chosen"] = "best in-domain acceptance length"
     else:
         arm = lv.arm
         domain = lv.domain

@@ -288,7 +288,7 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         lines += ["## Live speculative decoding", "",
                   f"`osprey eval live` of `{live['arm']}` seed {live['seed']} (adapted to {live['domain']}) against "
                   f"the target on {live['num_prompts']} held-out {live['domain']} prompts, {live['settings']['max_new_tokens']} "
-                  f"new tokens at most, S = {live['settings']['draft_steps']}, greedy:", "",
+                  f"new tokens at most, S = {live['settings']['steps']}, greedy:", "",
                   *_table(["", "value"], [["acceptance length (live)", _f(live["acceptance_length"])],
                                           ["target alone, tokens/s", _f(live.get("plain_tokens_per_s"), 1)],
                                           ["speculative, tokens/s", _f(live.get("spec_tokens_per_s"), 1)],

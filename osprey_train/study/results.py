@@ -7,7 +7,6 @@ says which stages are missing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -94,10 +93,10 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         if not record:
             continue
         s = node.settings
-        per_step = s["seq_len"] * s["batch_size"]
+        per_step = s.seq_len * s.batch_size
         evals = [m for m in _metrics(stage_dir(out, node) / "run" / "metrics.jsonl") if m["kind"] == "eval"]
         stage2[variant] = {
-            "settings": s, "final_ppl": record["result"]["final_ppl"],
+            "settings": node.settings_json(), "final_ppl": record["result"]["final_ppl"],
             "curve": [{"step": m["step"], "tokens": m["step"] * per_step, "eval_ppl": m["eval_ppl"],
                        **({"eval_kd": m["eval_kd"]} if "eval_kd" in m else {})} for m in evals],
             "teacher_ppl": next((m["teacher_eval_ppl"] for m in evals if "teacher_eval_ppl" in m), None),
@@ -158,7 +157,7 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
     live = None
     if plan.live is not None and not plan.live.pending and records.get(plan.live.key):
         live = {"arm": plan.live.arm, "seed": plan.live.seed, "domain": plan.live.domain,
-                "settings": plan.live.settings, **records[plan.live.key]["result"]}
+                "settings": plan.live.settings_json(), **records[plan.live.key]["result"]}
 
     return {
         "format": "osprey-study-results", "format_version": 1,
@@ -172,8 +171,8 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         "corpus": [f.name for f in cfg.corpus.files] if cfg.corpus else None,
         "domains": [{"name": d.name, "train_file": d.train.name, "eval_file": d.eval.name if d.eval else None,
                      "train_samples": d.train_samples, "eval_samples": d.eval_samples} for d in cfg.domains],
-        "arms": [{**dataclasses.asdict(a), "lr": cfg.distill.lr * a.lr_scale,
-                  "steps": a.steps or cfg.distill.steps} for a in cfg.arms],
+        "arms": [{**config_json(a), "lr": cfg.arm_distill(a).lr, "steps": cfg.arm_distill(a).steps}
+                 for a in cfg.arms],
         "roles": dict(cfg.report.roles),
         "cells": cells, "converted_cells": converted, "matrices": matrices, "curves": curves, "stage2": stage2,
         "stores": stores, "live": live, "compute": compute,

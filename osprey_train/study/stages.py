@@ -33,14 +33,12 @@ from osprey_data.corpus import run as tokenize_corpus
 from osprey_data.errors import InputError
 from osprey_data.store import StoreReader
 from osprey_data.target_model.fetch import fetch_smollm2
-from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as live_run
 from osprey_train.models import load_drafter
 from osprey_train.stages.convert import ConvertConfig
 from osprey_train.stages.convert import run as convert
-from osprey_train.stages.defaults import distill_optim, pretrain_optim
 from osprey_train.stages.distill import DistillConfig
 from osprey_train.stages.distill import run as distill
 from osprey_train.stages.pretrain import PretrainConfig
@@ -50,7 +48,6 @@ from osprey_train.stages.prune import run as prune
 from osprey_train.study.config import PYPI_SMOLLM2, ModelSection, StudyConfig
 from osprey_train.study.plan import Node
 from osprey_train.study.prompts import sample_prompts, split_prompts
-from osprey_train.trainer import LoopConfig
 
 __all__ = ["EXECUTORS", "Inputs", "StageContext", "output_path", "resolve_model"]
 
@@ -130,21 +127,17 @@ def _prompts(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
 
 def _store(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     target, gguf = _model_arg(ctx, inputs, "target")
-    s, op = node.settings, node.operational
-    summary = build(BuildConfig(
-        target=target, gguf_file=gguf, inputs=(str(inputs.out("prompts")),), out=str(work / OUTPUTS["store"]),
-        backend="hf", regenerate=s["regenerate"], max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
-        last_turn_only=s["last_turn_only"], layers=tuple(s["layers"]) if s["layers"] else None, topk=s["topk"],
-        hidden_codec=s["hidden_codec"], max_length=s["max_length"], batch_size=op["batch_size"],
-        shard_max_tokens=op["shard_tokens"], device=ctx.device, dtype="float32", num_workers=1, worker_index=0,
-        progress=ctx.progress))
+    # float32 on every device, so a store's content does not depend on where the study runs
+    summary = build(node.settings.build(
+        BuildConfig, target=target, gguf_file=gguf, input=(str(inputs.out("prompts")),),
+        out=str(work / OUTPUTS["store"]), backend="hf", device=ctx.device, dtype="float32", num_workers=1,
+        worker_index=0, progress=ctx.progress))
     return summary.to_dict()
 
 
 def _prune(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     source, gguf = _model_arg(ctx, inputs, "source")
-    result = prune(PruneConfig(source=source, gguf_file=gguf, layers=node.settings["layers"],
-                               out=work / OUTPUTS["prune"]))
+    result = prune(node.settings.build(PruneConfig, source=source, gguf_file=gguf, out=work / OUTPUTS["prune"]))
     return {"source_layers": result.source_layers, "kept_layers": result.kept_layers,
             "num_parameters": result.num_parameters}
 
@@ -159,58 +152,48 @@ def _corpus(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[s
 def _pretrain(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     s = node.settings
     teacher = None
-    if s["variant"] == "kd":
+    if "teacher" in inputs:   # the KD variant
         path, gguf = _model_arg(ctx, inputs, "teacher")
         teacher = str(Path(path) / gguf) if gguf else path
-    loop = LoopConfig(out_dir=work / "run", max_steps=s["steps"], seed=s["seed"], device=ctx.device,
-                      eval_every=s["eval_every"], save_every=node.operational["save_every"], resume_if_any=True,
-                      distributed="none", progress=ctx.progress, keep_checkpoints=1, plot=False,
-                      log_every=max(1, min(10, s["eval_every"] or 10)))
-    result = pretrain(PretrainConfig(
-        model=inputs.out("model"), corpus=inputs.out("corpus"), loop=loop,
-        optim=pretrain_optim(lr=s["lr"], warmup_ratio=s["warmup_ratio"]), seq_len=s["seq_len"],
-        batch_size=s["batch_size"], heldout_fraction=s["heldout_fraction"], eval_windows=s["eval_windows"],
-        teacher=teacher, kd_temperature=s.get("kd_temperature", 1.0), kd_weight=s.get("kd_weight", 1.0)))
+    result = pretrain(s.build(
+        PretrainConfig, model=inputs.out("model"), corpus=inputs.out("corpus"), teacher=teacher,
+        **_loop_wiring(ctx, work, log_every=max(1, min(10, s.eval_every or 10)))))
     shutil.rmtree(work / "run" / "checkpoints", ignore_errors=True)   # done: only final/ is used
     return {"final_ppl": result.final_ppl, "tokens_seen": result.train.tokens_seen,
             "tokens_per_s": result.tokens_per_s}
 
 
 def _convert(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
-    s = node.settings
     target, gguf = _model_arg(ctx, inputs, "target")
     target_arg = str(Path(target) / gguf) if gguf else target
-    common = dict(out=work / OUTPUTS["convert"], store=str(inputs.out("store")), target=target_arg, seed=s["seed"],
-                  draft_vocab_size=s["draft_vocab"])
-    if drafter_spec(s["arch"]).needs_backbone:
-        result = convert(ConvertConfig(arch=s["arch"], backbone=inputs.out("backbone"), **common))
-    else:
-        result = convert(ConvertConfig(arch=s["arch"], eagle3_layers=s["layers"], **common))
+    backbone = inputs.out("backbone") if "backbone" in inputs else None
+    result = convert(node.settings.build(ConvertConfig, out=work / OUTPUTS["convert"], store=str(inputs.out("store")),
+                                         target=target_arg, backbone=backbone))
     return {k: v for k, v in result.stats.items() if isinstance(v, (int, float, str))}
 
 
 def _distill(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     s = node.settings
-    loop = LoopConfig(out_dir=work / "run", max_steps=s["steps"], grad_accum=s["grad_accum"], seed=s["seed"],
-                      device=ctx.device, eval_every=s["eval_every"], save_every=node.operational["save_every"],
-                      resume_if_any=True, distributed="none", progress=ctx.progress, keep_checkpoints=1, plot=False,
-                      log_every=max(1, min(10, s["eval_every"] or s["steps"] // 10 or 1)))
-    result = distill(DistillConfig(
-        drafter=inputs.out("init"), store=str(inputs.out("store")),
+    result = distill(s.build(
+        DistillConfig, drafter=inputs.out("init"), store=str(inputs.out("store")),
         eval_store=str(inputs.out("eval_store")) if "eval_store" in inputs else None,
-        loop=loop, optim=distill_optim(lr=s["lr"], warmup_ratio=s["warmup_ratio"]), ttt_steps=s["ttt_steps"],
-        ttt_decay=s["ttt_decay"], target_dist=s["target_dist"], tokens_per_batch=s["tokens_per_batch"],
-        eval_samples=s["eval_samples"], eval_draft_steps=s["eval_draft_steps"]))
+        **_loop_wiring(ctx, work, log_every=max(1, min(10, s.eval_every or s.steps // 10 or 1)))))
     shutil.rmtree(work / "run" / "checkpoints", ignore_errors=True)
     return {"last_train": result.last_train, "last_eval": result.last_eval, "tokens_seen": result.tokens_seen,
             "tokens_per_s": result.tokens_per_s}
 
 
+def _loop_wiring(ctx: StageContext, work: Path, *, log_every: int) -> dict[str, Any]:
+    """The trainer options a study sets for every training stage (``_LOOP_WIRED`` in config.py)."""
+    return dict(out=work / "run", resume_if_any=True, device=ctx.device, distributed="none", progress=ctx.progress,
+                keep_checkpoints=1, plot=False, log_every=log_every)
+
+
 def _eval(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     drafter = load_drafter(inputs.out("drafter"), device=ctx.device if ctx.device != "auto" else "cpu")
     reader = StoreReader(str(inputs.out("store")))
-    report = evaluate_acceptance(drafter, reader, steps=node.settings["draft_steps"],
-                                 max_samples=node.settings["max_samples"] or None, progress=ctx.progress)
+    report = evaluate_acceptance(drafter, reader, steps=node.settings.steps,
+                                 max_samples=node.settings.max_samples or None, progress=ctx.progress)
     doc = report.to_dict()
     doc["store"] = None   # a path, not a result
     write_json(work / OUTPUTS["eval"], doc)
@@ -221,12 +204,10 @@ def _live(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str
     import torch
 
     target, gguf = _model_arg(ctx, inputs, "target")
-    s = node.settings
-    report = live_run(LiveConfig(drafter=str(inputs.out("drafter")), target=target, gguf_file=gguf,
-                                 inputs=(str(inputs.out("prompts")),), steps=s["draft_steps"], temperature=0.0,
-                                 max_new_tokens=s["max_new_tokens"], limit=s["prompts"], device=ctx.device,
-                                 tap_codec=s["tap_codec"], out=str(work / OUTPUTS["live"]), progress=ctx.progress,
-                                 threads=torch.get_num_threads()))
+    report = live_run(node.settings.build(
+        LiveConfig, drafter=str(inputs.out("drafter")), target=target, gguf_file=gguf,
+        input=(str(inputs.out("prompts")),), device=ctx.device, out=str(work / OUTPUTS["live"]),
+        progress=ctx.progress, threads=torch.get_num_threads()))
     return {k: v for k, v in report.to_dict().items() if k != "samples"}
 
 

@@ -3,8 +3,8 @@
 Both configs are plain ``@dataclass(kw_only=True)`` objects checked in ``__post_init__`` so a
 bad value fails before any model is built, with a :class:`ConfigError` naming the field. They
 are shared by every stage that trains (Stage 2 pretraining, Stage 4 distillation): a stage
-config holds them as its ``loop`` and ``optim`` fields, and the CLI declares their options once
-(``osprey_cli.train_options``) with these defaults. A stage that needs another default says so
+config holds them as its ``loop`` and ``optim`` fields, and the CLI generates their options
+from these fields (``osprey_cli.config_options``), defaults and docstrings included. A stage that needs another default says so
 in ``osprey_train/stages/defaults.py``.
 
 This module is free of torch so that the CLI can show the defaults in ``--help`` cheaply.
@@ -36,7 +36,7 @@ class OptimConfig:
 
     lr: float = 1e-4
     """Peak learning rate, reached at the end of the linear warmup."""
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={"cli": False})
     """AdamW (beta1, beta2)."""
     eps: float = 1e-8
     """AdamW epsilon."""
@@ -48,7 +48,7 @@ class OptimConfig:
     """Fraction of ``max_steps`` spent in linear warmup from 0 to ``lr`` (at least 1 step if > 0)."""
     min_lr_ratio: float = 0.0
     """Final learning rate as a fraction of ``lr`` (cosine/linear decay end point)."""
-    schedule: str = "cosine"
+    schedule: str = field(default="cosine", metadata={"choices": SCHEDULE_NAMES})
     """Decay after warmup: one of ``cosine``, ``linear``, ``constant``."""
 
     def __post_init__(self) -> None:
@@ -77,41 +77,41 @@ class OptimConfig:
 class LoopConfig:
     """Settings of the training loop: length, batching, logging, checkpoints, devices."""
 
-    out_dir: Path
+    out_dir: Path = field(metadata={"option": "out"})
     """Run folder: ``checkpoints/``, ``metrics.jsonl``, ``metrics.png`` and ``final/`` go here."""
-    max_steps: int = 1000
+    max_steps: int = field(default=1000, metadata={"option": "steps"})
     """Number of optimizer steps (each = ``grad_accum`` micro-batches per rank)."""
     grad_accum: int = 1
     """Micro-batches accumulated per optimizer step."""
     seed: int = 0
     """Seed of model init (same on all ranks) and of per-rank RNGs (seed + rank)."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata={"operational": True})
     """``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
-    log_every: int = 10
+    log_every: int = field(default=10, metadata={"operational": True})
     """Write a train record to metrics.jsonl every this many steps."""
     eval_every: int = 0
     """Run ``task.evaluate`` every this many steps (0 = only after the last step)."""
-    save_every: int = 0
+    save_every: int = field(default=0, metadata={"operational": True})
     """Write a checkpoint every this many steps (0 = only after the last step)."""
-    resume: bool = False
+    resume: bool = field(default=False, metadata={"operational": True})
     """Continue from the newest complete checkpoint in ``out_dir/checkpoints``; a folder without
     one is an error (a mistyped ``--out`` must not silently start over)."""
-    resume_if_any: bool = False
+    resume_if_any: bool = field(default=False, metadata={"operational": True})
     """Like ``resume``, but start from step 0 when ``out_dir`` holds no checkpoint yet (for a
     scheduler or script that reruns one command until it finishes)."""
-    distributed: str = "auto"
+    distributed: str = field(default="auto", metadata={"choices": DISTRIBUTED_MODES, "operational": True})
     """``auto`` (DDP when launched by torchrun with >1 process), ``none``, ``ddp`` or ``fsdp``."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata={"operational": True})
     """Trade compute for memory: HF ``gradient_checkpointing_enable`` or the task's hook."""
-    progress: bool = True
+    progress: bool = field(default=True, metadata={"operational": True})
     """Show a tqdm bar (rank 0) with loss and tokens/s."""
-    eval_at_start: bool = False
+    eval_at_start: bool = field(default=False, metadata={"cli": False})
     """Also evaluate before the first step (records the untrained baseline as step 0)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = field(default=2, metadata={"operational": True})
     """Keep only this many newest checkpoints (0 = keep all)."""
-    plot: bool = True
+    plot: bool = field(default=True, metadata={"operational": True})
     """Write ``metrics.png`` (loss and perplexity curves) at every eval/save and at the end."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
     """Free-form run description stored in the trainer state (e.g. the stage config)."""
 
     @property

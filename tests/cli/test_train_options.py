@@ -1,14 +1,14 @@
-"""Trainer options are declared once: both training commands share them, with the library's defaults."""
+"""Trainer options are generated once from LoopConfig/OptimConfig: both training commands share them,
+with the library's defaults (a stage's own optimizer defaults included)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from click.testing import CliRunner
 
 from osprey_cli.distill_cmd import distill
 from osprey_cli.main import cli
 from osprey_cli.pretrain_cmd import pretrain
+from osprey_data.config_fields import config_fields
 from osprey_train.stages.defaults import DISTILL_OPTIM_DEFAULTS, distill_optim
 from osprey_train.trainer import LoopConfig, OptimConfig
 
@@ -18,16 +18,16 @@ def _options(command) -> dict[str, object]:
 
 
 def _trainer_fields() -> set[str]:
-    return {f.name for cls in (LoopConfig, OptimConfig) for f in dataclasses.fields(cls)}
+    return {c.name for cls in (LoopConfig, OptimConfig) for c in config_fields(cls)}
 
 
 def test_both_commands_share_every_trainer_option_with_one_default():
     shared = _trainer_fields() & set(_options(pretrain))
     assert shared == _trainer_fields() & set(_options(distill))
-    assert {"out_dir", "max_steps", "grad_accum", "lr", "warmup_ratio", "weight_decay", "grad_clip",
+    assert {"out", "steps", "grad_accum", "lr", "warmup_ratio", "weight_decay", "grad_clip",
             "resume", "distributed", "progress"} <= shared
-    class_defaults = {f.name: f.default for cls in (LoopConfig, OptimConfig) for f in dataclasses.fields(cls)}
-    for name in shared - {"out_dir"}:
+    class_defaults = {c.name: c.default for cls in (LoopConfig, OptimConfig) for c in config_fields(cls)}
+    for name in shared - {"out"}:
         assert _options(pretrain)[name] == class_defaults[name], name
         assert _options(distill)[name] == DISTILL_OPTIM_DEFAULTS.get(name, class_defaults[name]), name
     # The one documented per-stage difference (stages/defaults.py).

@@ -63,7 +63,7 @@ max_new_tokens = 8
 topk = 8
 max_length = 256
 batch_size = 4
-shard_tokens = 64
+shard_max_tokens = 64
 
 [[domains]]
 name = "chat"

@@ -164,10 +164,10 @@ def test_overwrite_replaces_the_folder_and_empty_folders_are_fine(tiny_llama_dir
 # --- item 5: cheap checks before the target loads ----------------------------------------------
 
 def test_layers_beyond_the_target_fail_before_loading(tiny_llama_dir, prompts_file, tmp_path, no_model_loads):
-    with pytest.raises(ConfigError, match=r"--layers: .*\[99\] outside 1..5 for a target of 6 layers"):
+    with pytest.raises(ConfigError, match=r"--taps: .*\[99\] outside 1..5 for a target of 6 layers"):
         run(_config(tiny_llama_dir, [prompts_file], tmp_path / "s", layers=(2, 3, 99)))
     result = CliRunner().invoke(cli, ["data", "build", "--target", str(tiny_llama_dir), "--input", str(prompts_file),
-                                      "--out", str(tmp_path / "s"), "--layers", "2,15,99"])
+                                      "--out", str(tmp_path / "s"), "--taps", "2,15,99"])
     assert result.exit_code == 2 and "[15, 99] outside 1..5 for a target of 6 layers" in result.output
     assert not (tmp_path / "s").exists()
 

@@ -16,7 +16,7 @@ def test_default_tap_layers():
     assert default_tap_layers(6).layer_ids == (1, 3, 5)
     assert default_tap_layers(4).layer_ids == (1, 2, 3)
     assert default_tap_layers(30).convention == "hf_hidden_states"
-    with pytest.raises(ConfigError, match="--layers"):
+    with pytest.raises(ConfigError, match="--taps"):
         default_tap_layers(3)
 
 

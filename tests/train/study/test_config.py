@@ -30,15 +30,24 @@ def test_a_study_file_parses_into_typed_sections(spec):
     assert [(a.name, a.arch, a.stage2, a.seeds) for a in cfg.arms] == [
         ("osprey", "osprey", "plain", [0, 1]), ("eagle3", "eagle3", "none", [0]), ("osprey-kd", "osprey", "kd", [0])]
     assert cfg.distill.draft_vocab == 128 and isinstance(cfg.pretrain.lr, float)
+    assert cfg.arms[0].distill is None and cfg.arm_distill(cfg.arms[0]) == cfg.distill
     assert cfg.live.arm == "best" and cfg.report.roles == {"osprey": "osprey", "eagle3": "eagle3",
                                                            "osprey_kd": "osprey-kd"}
     assert cfg.arm_domains(cfg.arm("eagle3")) == ["chat", "math"]
 
 
 @pytest.mark.parametrize("old,new,message", [
-    ("[distill]\nsteps = 2", "[distill]\nsetps = 2", r"tiny.toml: \[distill\]: unknown key 'setps' \(known: steps,"),
+    ("[distill]\nsteps = 2", "[distill]\nsetps = 2", r"tiny.toml: \[distill\]: unknown key 'setps' \(known: ttt_steps, .* steps,"),
     ("[distill]\nsteps = 2", "[distill]\nsteps = \"two\"", r"\[distill\] steps: expected an integer, got 'two'"),
-    ("lr = 3e-3\nttt_steps", "lr = -1.0\nttt_steps", r"\[distill\]: lr must be > 0"),
+    ("lr = 3e-3\nttt_steps", "lr = -1.0\nttt_steps", r"\[distill\]: OptimConfig.lr must be > 0"),
+    # the stage configs check the values when the study is loaded, before any stage runs
+    ("ttt_steps = 2", "ttt_steps = 0", r"\[distill\]: distill: --ttt-steps must be in \[1, 64\]"),
+    ("[distill]\nsteps = 2", "[distill]\nseed = 3\nsteps = 2", r"\[distill\]: 'seed' is set by the study"),
+    ("[distill]\nsteps = 2", "[distill]\ntarget_dist = \"full\"\nsteps = 2", r"target_dist = 'full' needs stores"),
+    ("heldout_fraction = 0.1", "heldout_fraction = 0.9", r"\[pretrain\]: pretrain: heldout_fraction"),
+    ("[stores]\n", "[stores]\ntaps = [3, 1]\n", r"\[stores\]: --taps: tap layers \[3, 1\] must be strictly increasing"),
+    ("stage2 = \"none\"\n", "stage2 = \"none\"\ndistill = { ttt_step = 3 }\n",
+     r"\[\[arms\]\] #2 'eagle3' distill: unknown key 'ttt_step'"),
     ("[[arms]]\nname = \"eagle3\"\narch = \"eagle3\"\nstage2 = \"none\"",
      "[[arms]]\nname = \"eagle3\"\narch = \"eagle3\"\nstage2 = \"plain\"",
      r"\[\[arms\]\] #2 'eagle3': stage2 applies to osprey arms"),
@@ -72,3 +81,17 @@ def test_missing_sections_and_bad_toml(spec, tmp_path):
     _edit(spec, "[corpus]\nfiles = [\"data/corpus.jsonl\"]\n", "")
     with pytest.raises(ConfigError, match=r"\[\[arms\]\] #1 'osprey': stage2 = 'plain' needs a \[corpus\] section"):
         load_study(spec)
+
+
+def test_stage_tables_are_the_stage_configs_and_arms_override_them(spec):
+    from osprey_train.stages.configs import DistillConfig
+    from osprey_train.trainer import LoopConfig
+
+    _edit(spec, "stage2 = \"none\"\n", "stage2 = \"none\"\nlr_scale = 0.5\ndistill = { ttt_steps = 4, ttt_decay = 0.5 }\n")
+    cfg = load_study(spec)
+    assert cfg.distill.ttt_decay == 0.8 and cfg.distill.weight_decay == 0.0   # DistillConfig's defaults
+    e3 = cfg.arm_distill(cfg.arm("eagle3"))
+    assert (e3.ttt_steps, e3.ttt_decay, e3.lr, e3.steps) == (4, 0.5, 3e-3 * 0.5, 2)   # the rest is [distill]'s
+    config = e3.build(DistillConfig, drafter="d", store="s", out="run")
+    assert isinstance(config, DistillConfig) and isinstance(config.loop, LoopConfig)
+    assert (config.ttt_steps, config.loop.max_steps, config.optim.lr, config.optim.weight_decay) == (4, 2, 1.5e-3, 0.0)

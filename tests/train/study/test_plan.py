@@ -53,7 +53,7 @@ def test_what_changes_a_key(spec):
     _, lr = _keys(spec)
     changed = {k for k in base if base[k] != lr.get(k)}
     assert changed and {kind for kind, _ in changed} == {"distill", "eval"}
-    _edit(spec, "batch_size = 4\nshard_tokens = 64", "batch_size = 2\nshard_tokens = 32")  # operational only
+    _edit(spec, "batch_size = 4\nshard_max_tokens = 64", "batch_size = 2\nshard_max_tokens = 32")  # operational only
     _, op = _keys(spec)
     assert op == lr
     math = spec.parent / "data" / "math.train.jsonl"
