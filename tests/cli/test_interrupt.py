@@ -35,9 +35,11 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 
 def interrupt(args: list[str], log: Path, *, after_units: int, signum: int, sleep: float = 0.25,
-              timeout: float = 120) -> tuple[int, str]:
+              timeout: float = 120, into_work: bool = True) -> tuple[int, str]:
     """Run ``osprey ARGS`` slowed down; send ``signum`` once ``after_units`` units have started,
-    plus a random fraction of one unit. Returns (exit code, stderr)."""
+    plus a random fraction of one unit (``into_work``: up to half a unit past its wait, into the
+    work; otherwise always inside the wait, for a command whose last unit ends the interruptible
+    part). Returns (exit code, stderr)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OSPREY_TEST_UNIT_LOG": str(log),
            "OSPREY_TEST_UNIT_SLEEP": str(sleep), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.slow_steps", "osprey_cli.main", *args],
@@ -47,7 +49,7 @@ def interrupt(args: list[str], log: Path, *, after_units: int, signum: int, slee
         if log.exists() and len(log.read_text().splitlines()) >= after_units:
             break
         time.sleep(0.01)
-    time.sleep(random.uniform(0, sleep * 1.5))   # inside the unit's wait or just past it, into the work
+    time.sleep(random.uniform(0, sleep * (1.5 if into_work else 0.8)))
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err
@@ -202,6 +204,7 @@ def test_sweep_says_nothing_was_finished(eval_setup, tmp_path, signum):
     d1, _, store = eval_setup
     args = ["eval", "sweep", "--drafter", str(d1), "--store", str(store), "--out", str(tmp_path / "s"),
             "--tree", "2,2,4", "--threads", "1", "--device", "cpu", "--json"]
-    rc, err = interrupt(args, tmp_path / "log", signum=signum, after_units=1, sleep=3)
+    # one unit (the whole pass): a signal after it ends would find the results being written
+    rc, err = interrupt(args, tmp_path / "log", signum=signum, after_units=1, sleep=3, into_work=False)
     line = assert_one_interrupted_line(rc, err, signum, "sweep")
     assert "nothing was written" in line and not (tmp_path / "s" / "sweep.json").exists()
