@@ -65,6 +65,10 @@ def plan_dialogue(sample: InputSample, *, regenerate: bool, last_turn_only: bool
     else:
         pending = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     for i in pending:
+        if not any(m["role"] == "user" for m in messages[:i]):
+            raise InputError(  # the runner prefixes file:line and the sample id
+                f"turn {i} is an assistant turn with no user turn before it: there is no prompt to "
+                "regenerate it from (drop the leading assistant turn, or use --no-regenerate)")
         messages[i]["content"] = None
     return Dialogue(sample=sample, messages=messages, pending=pending)
 

@@ -308,7 +308,7 @@ class _BatchProcessor:
         self.params = SamplingParams(max_new_tokens=config.max_new_tokens,
                                      temperature=config.temperature, top_p=config.top_p)
 
-    def _generate(self, dialogues: list[Dialogue]) -> None:
+    def _generate(self, dialogues: list[Dialogue], on_sample_error) -> None:
         cfg = self.config
         while True:
             requests: list[tuple[Dialogue, int, GenerationRequest]] = []
@@ -316,7 +316,11 @@ class _BatchProcessor:
                 j = d.next_turn
                 if j is None or d.skip_reason is not None:
                     continue
-                prompt = self.renderer.generation_prompt_ids(d.messages[:j])
+                try:
+                    prompt = self.renderer.generation_prompt_ids(d.messages[:j])
+                except InputError as exc:  # the template refuses this conversation: one sample
+                    d.skip_reason = on_sample_error(d.sample, exc)
+                    continue
                 if len(prompt) >= cfg.max_length:
                     if cfg.overflow == "skip":
                         d.skip_reason = f"too_long: prompt of turn {j} has {len(prompt)} tokens >= --max-length {cfg.max_length}"
@@ -395,7 +399,7 @@ class _BatchProcessor:
                 results[k] = (None, on_sample_error(s, exc))
                 dialogues.append(None)  # type: ignore[arg-type]
         live = [d for d in dialogues if d is not None]
-        self._generate(live)
+        self._generate(live, on_sample_error)
         rendered: dict[int, RenderedSample] = {}
         for k, d in enumerate(dialogues):
             if d is None:

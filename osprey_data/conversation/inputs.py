@@ -67,6 +67,18 @@ def stable_id(content: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+def _check_unicode(value: str, where: str, what: str) -> str:
+    """``value`` unchanged, or InputError when it cannot be UTF-8 text: a lone surrogate (JSON
+    allows ``"\\ud800"``; ShareGPT dumps contain them) would crash the tokenizer, the sample id
+    hash or the Arrow table much later, without naming the record."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where}: {what} holds a lone surrogate U+{ord(value[exc.start]):04X} at character "
+                         f"{exc.start}, which is not valid Unicode text; fix or drop the record") from None
+    return value
+
+
 def _normalize_turns(turns: Any, where: str) -> list[dict[str, str]]:
     if not isinstance(turns, list) or not turns:
         raise InputError(f"{where}: 'conversations'/'messages' must be a non-empty list of turns")
@@ -117,6 +129,10 @@ def normalize_record(record: Any, *, file: str, line: int, default_source: str) 
         raise InputError(f"{where}: record has none of 'conversations', 'messages', 'prompt', 'text'")
     if conversation and all(t["role"] != "user" for t in conversation):
         raise InputError(f"{where}: conversation has no user turn")
+    for what, value in (("'reference'", reference), ("'text'", text),
+                        *((f"turn {j} content", t["content"]) for j, t in enumerate(conversation))):
+        if isinstance(value, str):
+            _check_unicode(value, where, what)  # before stable_id hashes them
     raw_id = record.get("id")
     if raw_id is None:
         sample_id = stable_id({"conversation": conversation, "text": text, "reference": reference})
@@ -127,6 +143,9 @@ def normalize_record(record: Any, *, file: str, line: int, default_source: str) 
     for key in ("domain", "source"):
         if record.get(key) is not None and not isinstance(record[key], str):
             raise InputError(f"{where}: {key!r} must be a string")
+    for what, value in (("'id'", sample_id), ("'domain'", record.get("domain")), ("'source'", record.get("source"))):
+        if isinstance(value, str):
+            _check_unicode(value, where, what)
     return InputSample(
         sample_id=sample_id,
         domain=record.get("domain") or "default",
@@ -281,7 +300,9 @@ def iter_inputs(paths: list[str] | tuple[str, ...], *, on_error: str = "raise",
                 if on_error == "raise":
                     raise
                 rid = record.get("id") if isinstance(record, dict) else None
+                if rid is not None:  # the journal is UTF-8 JSON: a surrogate in the id is escaped
+                    rid = str(rid).encode("utf-8", "backslashreplace").decode("utf-8")
                 assert error_sink is not None
-                error_sink(None if rid is None else str(rid), file, line, str(exc))
+                error_sink(rid, file, line, str(exc))
                 continue
             yield sample

@@ -14,7 +14,12 @@ Safety:
   since the reader CRC-checks every chunk it decodes anyway — when that check fails on a
   cached shard, ``StoreReader`` drops the shard's copy and reads the store again); a damaged
   copy is dropped and fetched again, so a broken local disk never passes for a corrupt store;
-* files are written by temp file + rename: several processes may share one cache folder;
+* files are written by temp file + rename, shard folders evicted by rename-then-delete: several
+  processes may share one cache folder (see :class:`ShardFileCache`);
+* copies are read like store files (regular files only, size-checked, no final symlink): a
+  FIFO, device or link planted in the cache is dropped, never read;
+* a cache disk that is full or read-only turns caching off with one logged warning; reads go
+  on from the store;
 * ``manifest.json`` and journals are never cached (readers always see the current manifest).
 
 Layout: ``CACHE/<sha256(store url)[:16]>/<shard id>-<commit sha256[:16]>/<file in the shard>``
@@ -30,11 +35,16 @@ get the rest of a shard in bulk after its first sample.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import logging
+import math
 import os
 import queue
 import shutil
+import stat
 import threading
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any
@@ -43,7 +53,7 @@ import google_crc32c
 
 from osprey_data import jsonio
 from osprey_data.atomic import temp_name
-from osprey_data.errors import ConfigError
+from osprey_data.errors import ConfigError, StoreCorruptError, StoreNotFoundError
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import ShardInfo
 
@@ -55,6 +65,8 @@ CACHE_ENV = "OSPREY_STORE_CACHE"
 ``~/.cache/osprey/stores``."""
 CACHE_MAX_ENV = "OSPREY_STORE_CACHE_MAX_GB"
 """Size limit per store in GB; default: half the free space of the cache's disk when opened."""
+
+log = logging.getLogger(__name__)
 
 COMMIT_FILE = "_COMMIT.json"  # same name as shard.COMMIT_FILE (shard imports this package's fs)
 _PREFETCH_BATCH = 8  # files fetched concurrently by one prefetch request (~2 MiB chunks each)
@@ -79,22 +91,68 @@ def default_cache_root() -> Path | None:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "osprey") / "stores"
 
 
+def _write_file(path: str, data: bytes) -> None:
+    """Write ``data`` into the new file ``path``: the one place the cache writes file contents
+    (without fsync: a cached copy needs no durability, one torn by a power loss fails its check
+    and is fetched again, and an fsync per chunk would slow down the first epoch)."""
+    with open(path, "xb") as f:
+        f.write(data)
+
+
+def _tree_bytes(top: str) -> int:
+    """Bytes of the regular files under ``top``, tolerating files other processes delete meanwhile."""
+    total = 0
+    for dirpath, _, files in os.walk(top):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    return total
+
+
+def _cache_size_limit() -> int | None:
+    env = os.environ.get(CACHE_MAX_ENV)
+    if not env:
+        return None
+    try:
+        gb = float(env)
+    except ValueError:
+        gb = math.nan
+    if not math.isfinite(gb) or gb <= 0:
+        raise ConfigError(f"{CACHE_MAX_ENV}={env!r}: expected a positive, finite size in GB (e.g. 20)")
+    return max(1, int(gb * 1e9))
+
+
 class ShardFileCache:
-    """Local copies of committed shard files of one store."""
+    """Local copies of committed shard files of one store.
+
+    Shared by processes (DataLoader workers, concurrent jobs) without a lock service: files
+    appear by temp file + rename, a shard folder is evicted by renaming it away first (one
+    process wins, the others see it gone) and then deleting the renamed copy, one evicting
+    process at a time (a non-blocking ``flock``; the others skip), and every step tolerates
+    another process having removed or created the same path meanwhile. The size is counted
+    per process and recounted from disk before evicting.
+
+    Copies are read through the store's own path resolver (:class:`StoreFS` on the cache
+    folder): regular files only, never through a final symlink, size-checked before reading,
+    so a FIFO, a device or a link planted in the cache is dropped, never read.
+
+    A disk that refuses writes (full, read-only, quota) turns caching off for this cache
+    with one logged warning; reads go on uncached (a documented degradation).
+    """
 
     def __init__(self, root: str | os.PathLike, store_url: str, *, max_bytes: int | None = None) -> None:
         self.dir = Path(root) / hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:16]
+        self.store_url = store_url
+        if max_bytes is None:
+            max_bytes = _cache_size_limit()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._root = str(self.dir)
+        self._files = StoreFS(self._root, read_only=True)
         source = self.dir / "source.txt"
         if not source.exists():
             source.write_text(store_url + "\n", encoding="utf-8")
-        if max_bytes is None:
-            env = os.environ.get(CACHE_MAX_ENV)
-            try:
-                max_bytes = int(float(env) * 1e9) if env else None
-            except ValueError:
-                raise ConfigError(f"{CACHE_MAX_ENV}={env!r}: expected a size in GB") from None
         if max_bytes is None:
             max_bytes = shutil.disk_usage(self.dir).free // 2 + self._scan()
         if max_bytes <= 0:
@@ -102,9 +160,14 @@ class ShardFileCache:
         self.max_bytes = int(max_bytes)
         self._lock = threading.Lock()
         self._bytes: int | None = None
+        self.disabled: str | None = None
+        """Why this cache stopped writing (the disk refused a write), or None."""
 
     def shard_dir(self, info: ShardInfo) -> Path:
         return self.dir / f"{info.shard_id}-{info.commit_sha256[:16]}"
+
+    def _rel(self, info: ShardInfo, rel: str) -> str:
+        return f"{info.shard_id}-{info.commit_sha256[:16]}/{rel}"
 
     def _file(self, info: ShardInfo, rel: str) -> str:
         # plain strings: this is on the read path of every cached chunk (pathlib costs ~10 us)
@@ -112,71 +175,109 @@ class ShardFileCache:
 
     def get(self, info: ShardInfo, rel: str, entry: dict[str, Any] | None = None) -> bytes | None:
         """The cached copy of ``rel`` in shard ``info`` when present and intact, else None
-        (a damaged copy is deleted). ``entry`` is the file's size + CRC from the commit record;
-        the commit record itself is checked against the manifest's sha256."""
-        p = self._file(info, rel)
-        try:
-            with open(p, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
+        (a damaged copy, or anything but a regular file, is deleted). ``entry`` is the file's
+        size + CRC from the commit record; the commit record itself is checked against the
+        manifest's sha256."""
+        if rel != COMMIT_FILE and entry is None:
             return None
-        if rel == COMMIT_FILE:
-            ok = hashlib.sha256(data).hexdigest() == info.commit_sha256
-        elif entry is None:
+        try:
+            data = self._files.read_bytes(self._rel(info, rel), size=None if rel == COMMIT_FILE else entry["bytes"])
+        except StoreNotFoundError:
+            return None
+        except (StoreCorruptError, OSError):  # special file, link, wrong size, folder in the way
+            data = None
+        if data is None:
             ok = False
+        elif rel == COMMIT_FILE:
+            ok = hashlib.sha256(data).hexdigest() == info.commit_sha256
         elif "/c/" in rel:  # a chunk: the reader's own CRC check follows (see the module doc)
-            ok = len(data) == entry["bytes"]
+            ok = True  # the size was checked by read_bytes
         else:
             ok = _intact(data, entry)
-        if not ok:  # damaged or stale local copy: fetch again
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(p)
+        if not ok:  # damaged, stale or planted local copy: fetch again
+            self._discard(self._file(info, rel))
             return None
         return data
+
+    def _discard(self, p: str) -> None:
+        """Remove what is at ``p`` without following links, only when ``p`` lies in the cache."""
+        real = os.path.realpath(os.path.dirname(p))
+        if not (real + os.sep).startswith(os.path.realpath(self._root) + os.sep):
+            return
+        try:
+            os.unlink(p)
+        except (IsADirectoryError, PermissionError):
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass  # gone already, or a read-only disk: the store is read instead
 
     def has(self, info: ShardInfo, rel: str) -> bool:
         return os.path.isfile(self._file(info, rel))
 
     def put(self, info: ShardInfo, rel: str, data: bytes) -> None:
-        """Store a copy (already verified by the caller) atomically.
+        """Store a copy (already verified by the caller) atomically, by temp file + rename.
 
-        Temp file + rename like :mod:`osprey_data.atomic`, but without its fsyncs: a cached copy
-        needs no durability (one torn by a power loss fails its check and is fetched again),
-        and an fsync per chunk would slow down the first epoch."""
-        p = self.shard_dir(info) / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_name(p)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, p)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        self._account(len(data), keep=info)
+        Another process evicting the shard meanwhile leaves this copy out (the file is read
+        from the store next time); a disk that refuses the write turns the cache off."""
+        if self.disabled is not None:
+            return
+        p = self._files.path(self._rel(info, rel))  # the store's path rules: no '..', no absolute
+        for _ in range(3):
+            tmp = str(temp_name(p))
+            try:
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                try:
+                    _write_file(tmp, data)
+                    os.replace(tmp, p)
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+            except (FileNotFoundError, FileExistsError, NotADirectoryError):
+                continue  # its folder was evicted (or replaced) by another process meanwhile
+            except IsADirectoryError:
+                self._discard(p)  # a folder planted where the file goes
+                continue
+            except OSError as exc:
+                self._degrade(exc)
+                return
+            self._account(len(data), keep=info)
+            return
+
+    def _degrade(self, exc: OSError) -> None:
+        with self._lock:
+            if self.disabled is not None:
+                return
+            self.disabled = f"{type(exc).__name__}: {exc}"
+        log.warning("store cache %s cannot be written (%s); reading %s uncached from now on "
+                    "(free space there, or point %s elsewhere or to 'off')",
+                    self.dir, self.disabled, self.store_url, CACHE_ENV)
 
     def drop(self, info: ShardInfo) -> None:
         """Forget every cached file of a shard (a copy failed its check)."""
-        shutil.rmtree(self.shard_dir(info), ignore_errors=True)
+        self._remove_dir(self.shard_dir(info))
         with self._lock:
             self._bytes = None  # rescanned at the next insert
 
+    def _remove_dir(self, d: Path) -> int:
+        """Delete shard folder ``d``: renamed away first, so that no other process writes into
+        or counts a half-deleted folder and only one of several evicting processes deletes it.
+        Returns the bytes freed (0 when another process took it first)."""
+        gone = d.with_name(f".evicted-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(d, gone)
+        except OSError:
+            return 0
+        size = _tree_bytes(str(gone))
+        shutil.rmtree(gone, ignore_errors=True)
+        return size
+
     def touch(self, info: ShardInfo) -> None:
         """Mark a shard as just used (eviction removes the least recently used first)."""
-        try:
-            os.utime(self.shard_dir(info))
-        except FileNotFoundError:
-            pass
+        with contextlib.suppress(OSError):
+            os.utime(self.shard_dir(info), follow_symlinks=False)
 
     def _scan(self) -> int:
-        total = 0
-        for dirpath, _, files in os.walk(self.dir):
-            for name in files:
-                try:
-                    total += os.path.getsize(os.path.join(dirpath, name))
-                except OSError:
-                    pass
-        return total
+        return _tree_bytes(str(self.dir))
 
     def _account(self, n: int, *, keep: ShardInfo) -> None:
         with self._lock:
@@ -186,17 +287,40 @@ class ShardFileCache:
                 self._bytes += n
             if self._bytes <= self.max_bytes:
                 return
-            # Least recently opened shards first; never the one being filled.
-            keep_dir = self.shard_dir(keep)
-            dirs = sorted((d for d in self.dir.iterdir() if d.is_dir() and d != keep_dir),
-                          key=lambda d: d.stat().st_mtime)
-            target = int(self.max_bytes * 0.9)
-            for d in dirs:
-                if self._bytes <= target:
-                    break
-                size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-                shutil.rmtree(d, ignore_errors=True)
-                self._bytes -= size
+            self._bytes = self._scan()  # other processes add and evict too: count what is there
+            if self._bytes <= self.max_bytes:
+                return
+            try:
+                lock = open(self.dir / ".evict.lock", "a+b")  # noqa: SIM115 - held while evicting
+            except OSError:
+                return
+            with lock:
+                try:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return  # another process is evicting right now
+                self._evict(keep)
+
+    def _evict(self, keep: ShardInfo) -> None:
+        """Least recently opened shards first, down to 90 % of the limit; never ``keep``."""
+        keep_name = self.shard_dir(keep).name
+        dirs = []
+        with os.scandir(self.dir) as it:
+            for e in it:
+                if e.name.startswith(".evicted-"):  # left by a process that died while evicting
+                    shutil.rmtree(e.path, ignore_errors=True)
+                    continue
+                if e.name.startswith(".") or e.name == keep_name:
+                    continue
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        dirs.append((st.st_mtime, e.name))
+        target = int(self.max_bytes * 0.9)
+        for _, name in sorted(dirs):
+            if self._bytes <= target:
+                break
+            self._bytes -= self._remove_dir(self.dir / name)
 
 
 class CachedShardFS:
@@ -321,4 +445,9 @@ def open_cache(fs: StoreFS, cache: str | os.PathLike | bool | None) -> ShardFile
             return None
     else:
         root = Path(cache).expanduser()
-    return ShardFileCache(root, fs.url)
+    try:
+        return ShardFileCache(root, fs.url)
+    except OSError as exc:  # read-only, full or not a folder: a documented degradation
+        log.warning("store cache %s cannot be used (%s: %s); reading %s uncached (point %s elsewhere "
+                    "or to 'off')", root, type(exc).__name__, exc, fs.url, CACHE_ENV)
+        return None

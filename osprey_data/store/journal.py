@@ -19,6 +19,7 @@ lock service; see ``fs.py`` for how each storage checks the version).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -35,7 +36,7 @@ from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import (
     FORMAT_VERSION, Manifest, ShardInfo, StoreHeader, header_hash, parse_manifest,
 )
-from osprey_data.store.shard import TABLE_FILE, TABLE_READ_OPTIONS
+from osprey_data.store.shard import COMMIT_FILE, TABLE_FILE, TABLE_READ_OPTIONS, info_from_commit, parse_commit
 
 __all__ = ["MANIFEST_FILE", "read_manifest", "read_journal", "write_journal", "publish", "journal_path",
            "shard_sample_ids"]
@@ -100,10 +101,40 @@ def shard_sample_ids(fs: StoreFS, shard_id: str) -> list[str]:
         raise StoreCorruptError(f"{fs.where(rel)}: unreadable ({exc})") from None
 
 
+def entry_problem(fs: StoreFS, info: ShardInfo, want_header: str) -> str | None:
+    """Why a journal entry must not be published (None when it matches its shard's commit record).
+
+    Readers trust manifest.json's ``commit_sha256`` for every shard, so an entry that disagrees
+    with the ``_COMMIT.json`` actually there would make that shard unreadable for every consumer;
+    it is refused here instead, before it becomes visible (and unremovable: visible shards stay)."""
+    rel = f"shards/{info.shard_id}/{COMMIT_FILE}"
+    try:
+        raw = fs.read_bytes(rel)
+    except StoreNotFoundError:
+        return f"its {COMMIT_FILE} is missing"
+    if hashlib.sha256(raw).hexdigest() != info.commit_sha256:
+        return f"its {COMMIT_FILE} has another sha256 than the journal entry says ({info.commit_sha256[:12]}…)"
+    try:
+        doc = parse_commit(raw, where=fs.where(rel))
+    except StoreCorruptError as exc:
+        return str(exc)
+    if doc["header_sha256"] != want_header:
+        return f"its {COMMIT_FILE} was written for another header"
+    if info_from_commit(raw, doc) != info:
+        return f"the journal entry's counts or sizes differ from its {COMMIT_FILE}"
+    return None
+
+
 def _union(fs: StoreFS, header: StoreHeader, visible: list[ShardInfo], *, check_duplicates: bool,
-           sample_ids: dict[tuple[str, str], list[str]]) -> Manifest:
-    """The manifest listing every journal's shards; the ``visible`` ones must all be among them."""
+           sample_ids: dict[tuple[str, str], list[str]],
+           checked: dict[ShardInfo, str | None], refused: list[str]) -> Manifest:
+    """The manifest listing every journal's shards; the ``visible`` ones must all be among them.
+
+    Entries not yet visible are verified against their shard's commit record first (``checked``
+    caches the verdicts across compare-and-swap attempts); a bad one is left out and described
+    in ``refused``, the others are published."""
     want = header_hash(header)
+    already = set(visible)
     shards: dict[str, ShardInfo] = {}
     num_errors = 0
     for name in fs.listdir("workers"):
@@ -118,6 +149,12 @@ def _union(fs: StoreFS, header: StoreHeader, visible: list[ShardInfo], *, check_
         num_errors += len(doc["errors"])
         for s in doc["shards"]:
             info = ShardInfo.from_dict(s)
+            if info not in already:
+                if info not in checked:
+                    checked[info] = entry_problem(fs, info, want)
+                if checked[info] is not None:
+                    refused.append(f"worker {doc['worker']} shard {info.shard_id}: {checked[info]}")
+                    continue
             if info.shard_id in shards and shards[info.shard_id] != info:
                 raise StoreCorruptError(f"shard {info.shard_id} is claimed by two journals with different content")
             shards[info.shard_id] = info
@@ -150,7 +187,9 @@ def publish(fs: StoreFS, header: StoreHeader, *, check_duplicates: bool) -> Mani
     replaced the manifest between our read and our write; never drops a visible shard.
     """
     sample_ids: dict[tuple[str, str], list[str]] = {}  # reused across attempts
+    checked: dict[ShardInfo, str | None] = {}
     for attempt in range(PUBLISH_ATTEMPTS):
+        refused: list[str] = []
         current = fs.read_for_update(MANIFEST_FILE)
         visible: list[ShardInfo] = []
         if current.data is not None:
@@ -159,9 +198,17 @@ def publish(fs: StoreFS, header: StoreHeader, *, check_duplicates: bool) -> Mani
                 raise ManifestMismatchError(f"{fs.where(MANIFEST_FILE)}: the store's header differs from the "
                                             "one being published (another build config wrote it)")
             visible = old.shards
-        manifest = _union(fs, header, visible, check_duplicates=check_duplicates, sample_ids=sample_ids)
+        manifest = _union(fs, header, visible, check_duplicates=check_duplicates, sample_ids=sample_ids,
+                          checked=checked, refused=refused)
         data = json.dumps(manifest.to_dict(), indent=1).encode()
         if fs.replace_if_unchanged(MANIFEST_FILE, data, current.token):
+            if refused:
+                raise StoreCorruptError(
+                    f"{fs.where(MANIFEST_FILE)}: published {len(manifest.shards)} shard(s) but refused "
+                    f"{len(refused)} journal entr{'y' if len(refused) == 1 else 'ies'} — "
+                    + "; ".join(refused[:5]) + ("; …" if len(refused) > 5 else "")
+                    + ". Restore that worker's journal (workers/<worker>.json) or rebuild the worker, "
+                    "then merge again")
             return manifest
         time.sleep(random.uniform(0.0, min(2.0, 0.01 * 2 ** attempt)))
     raise StoreError(f"{fs.where(MANIFEST_FILE)}: changed by other processes {PUBLISH_ATTEMPTS} times while "

@@ -10,6 +10,10 @@ Layout of ``<out_dir>/checkpoints/step-<N>/``::
 
 A checkpoint is assembled in ``.tmp-step-<N>`` and renamed into place only when complete, so
 any ``step-<N>`` folder is usable and :func:`latest_checkpoint` never picks a partial one.
+``trainer_state.json`` keeps the sha256 of every other file, checked before a resume loads
+anything: one flipped bit in a weight is a :class:`CheckpointError`, never trained on. The file
+names it lists must be plain names inside the folder (schema pattern), and its step may not
+exceed its ``max_steps``.
 Optimizer state is keyed by parameter NAME, not position, so a checkpoint from a model whose
 parameters changed fails with a clear :class:`CheckpointError` instead of loading garbage.
 """
@@ -17,6 +21,7 @@ parameters changed fails with a clear :class:`CheckpointError` instead of loadin
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import random
 import re
@@ -32,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from osprey_data.atomic import replace_dir
+from osprey_data import jsonio
 from osprey_data.errors import CheckpointError
 from osprey_data.schema_check import validate
 from osprey_train.trainer.distributed import DistContext, barrier, unwrap_model
@@ -156,9 +162,23 @@ def _load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, st
         raise CheckpointError(f"{where}: optimizer state is for other parameters (missing {missing}, "
                               f"unexpected {extra}); resume with the same model and trainable set")
     index = {n: i for i, n in enumerate(names)}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for n, fields_ in state["state"].items():
+        if n not in index:
+            raise CheckpointError(f"{where}: optimizer state names parameter {n!r}, which the model being "
+                                  "trained has not; resume with the same model and trainable set")
+        for key, v in fields_.items():
+            if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != tuple(params[index[n]].shape):
+                raise CheckpointError(f"{where}: optimizer state {key!r} of {n} has shape {tuple(v.shape)}, the "
+                                      f"parameter has {tuple(params[index[n]].shape)}; the checkpoint is damaged "
+                                      "or of another model — delete this folder or start a fresh --out")
     positional = {index[n]: v for n, v in state["state"].items()}
     groups = state["param_groups"]
-    optimizer.load_state_dict({"state": positional, "param_groups": groups})
+    try:
+        optimizer.load_state_dict({"state": positional, "param_groups": groups})
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{where}: optimizer state does not fit this optimizer ({exc}); resume with the "
+                              "same model and settings, or delete this folder") from None
 
 
 # --- RNG ---------------------------------------------------------------------------------------
@@ -247,6 +267,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
         validate(doc, TRAINER_STATE_SCHEMA, where=str(final / "trainer_state.json"))
     barrier(ctx)   # every rank's RNG file is in place before the folder becomes visible
     if ctx.is_main:
+        doc["sha256"] = {rel: _sha256(tmp / rel) for rel in _file_names(doc["files"])}
         (tmp / "trainer_state.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
         replace_dir(tmp, final)   # a checkpoint of the same step is replaced, never deleted first
         if keep > 0:
@@ -256,14 +277,54 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
     return final
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_names(files: dict[str, Any]) -> list[str]:
+    return [files["model"], files["optimizer_tensors"], files["optimizer_meta"], *files["rng"]]
+
+
+def verify_checkpoint(path: Path, doc: dict[str, Any]) -> None:
+    """CheckpointError unless every file ``doc`` lists has the sha256 it recorded (checkpoints
+    written before checksums existed have none to check)."""
+    sums = doc.get("sha256")
+    if sums is None:
+        return
+    for rel in _file_names(doc["files"]):
+        if rel not in sums:
+            raise CheckpointError(f"{path}/trainer_state.json: no sha256 for {rel}; the checkpoint is incomplete "
+                                  "or edited — delete this folder to resume from the previous checkpoint")
+        try:
+            actual = _sha256(path / rel)
+        except OSError as exc:
+            raise CheckpointError(f"{path / rel}: unreadable ({exc}); delete this folder to resume from the "
+                                  "previous checkpoint") from None
+        if actual != sums[rel]:
+            raise CheckpointError(f"{path / rel}: damaged (sha256 differs from the one trainer_state.json "
+                                  "recorded when it was saved); delete this folder to resume from the previous "
+                                  "checkpoint")
+
+
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    """Parse and validate ``path/trainer_state.json``."""
+    """Parse and validate ``path/trainer_state.json`` (bounded JSON reader, schema, step range)."""
     state_file = Path(path) / "trainer_state.json"
     try:
-        doc = json.loads(state_file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{state_file}: cannot read trainer state ({exc}); delete this checkpoint folder") from exc
+        doc = jsonio.loads(state_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{state_file}: cannot read trainer state ({exc}); delete this checkpoint folder") from None
     validate(doc, TRAINER_STATE_SCHEMA, where=str(state_file))
+    if doc["step"] > doc["max_steps"]:
+        raise CheckpointError(f"{state_file}: saved at step {doc['step']} of a run of {doc['max_steps']} steps; "
+                              "the checkpoint is damaged or edited — delete this folder")
+    m = _STEP_DIR.match(Path(path).name)
+    if m and int(m.group(1)) != doc["step"]:
+        raise CheckpointError(f"{state_file}: says step {doc['step']} but its folder is {Path(path).name}; "
+                              "the checkpoint is damaged or edited — delete this folder")
     return doc
 
 
@@ -275,17 +336,22 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     if doc["world_size"] != ctx.world_size:
         raise CheckpointError(f"{path}: written by {doc['world_size']} process(es) but this run has "
                               f"{ctx.world_size}; resume with the same number of processes")
+    verify_checkpoint(path, doc)
     files = doc["files"]
     try:
         model_state = load_state_dict_file(path / files["model"])
         tensors = load_file(str(path / files["optimizer_tensors"]))
-        meta = json.loads((path / files["optimizer_meta"]).read_text(encoding="utf-8"))
-        rng = json.loads((path / files["rng"][ctx.rank]).read_text(encoding="utf-8"))
+        meta = jsonio.loads((path / files["optimizer_meta"]).read_bytes())
+        rng = jsonio.loads((path / files["rng"][ctx.rank]).read_bytes())
     except (OSError, json.JSONDecodeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: checkpoint file unreadable ({exc}); delete this folder to resume "
                               "from the previous checkpoint") from exc
     _load_model_state(model, model_state, ctx, path)
     _load_optimizer_state(model, optimizer, _join_optimizer(tensors, meta), ctx, path)
     if restore_rng:
-        set_rng_state(rng)
+        try:
+            set_rng_state(rng)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path / files['rng'][ctx.rank]}: not a valid RNG state ({type(exc).__name__}: "
+                                  f"{exc}); delete this folder to resume from the previous checkpoint") from None
     return doc
