@@ -80,7 +80,8 @@ class AcceptanceConfig(DraftingOptions):
     drafter: Path
     """Drafter folder."""
     store: str
-    """Eval store (responses generated greedily by the target for an exact figure)."""
+    """Eval store (responses generated greedily by the target for an exact figure; sampled from it
+    at the serving temperature for ``temperature > 0``)."""
 
     def __post_init__(self) -> None:
         self.drafter = Path(self.drafter)
@@ -391,4 +392,5 @@ def run(cfg: AcceptanceConfig) -> AcceptanceReport:
     """Open the store, load the drafter, check they belong together, and simulate."""
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device)
     return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                               impl=cfg.attention, progress=cfg.progress)
+                               impl=cfg.attention, progress=cfg.progress, temperature=cfg.temperature,
+                               allow_temperature_mismatch=cfg.allow_temperature_mismatch)

@@ -73,6 +73,8 @@ class MatrixResult:
     proxy: list[bool]
     """proxy[j]: store j's figures are proxies."""
     steps: int
+    temperature: float = 0.0
+    """Serving temperature (0 = greedy; > 0 = expected AL of speculative sampling)."""
     summary: dict[str, dict[str, float | None]] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
 
@@ -100,9 +102,11 @@ def to_markdown(res: MatrixResult) -> str:
             cells.append(f"**{v}**" if s == d else v)
         sm = res.summary[d]
         lines.append("| " + " | ".join([d, *cells, fmt(sm["in_domain"]), fmt(sm["out_of_domain"])]) + " |")
-    note = f"\nAcceptance length (tokens per verify step, greedy chain, S={res.steps}); bold = in-domain."
+    how = "greedy chain" if res.temperature == 0 else f"expected, chain speculative sampling at T={res.temperature:g}"
+    note = f"\nAcceptance length (tokens per verify step, {how}, S={res.steps}); bold = in-domain."
     if any(res.proxy):
-        note += " * = proxy (store responses not generated greedily by the target)."
+        note += (" * = proxy (store responses not generated greedily by the target)." if res.temperature == 0 else
+                 f" * = proxy (store responses not sampled from the target at T={res.temperature:g}).")
     return "\n".join(lines) + "\n" + note + "\n"
 
 
@@ -156,18 +160,22 @@ def run(cfg: MatrixConfig) -> MatrixResult:
             check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
                              where=f"matrix: drafter {dname!r} on store {sname!r}")
             rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                                      impl=cfg.attention, progress=cfg.progress)
+                                      impl=cfg.attention, progress=cfg.progress, temperature=cfg.temperature,
+                                      allow_temperature_mismatch=cfg.allow_temperature_mismatch)
             row.append(rep.overall)
             proxy[j] = proxy[j] or rep.proxy
         values.append(row)
     res = MatrixResult(drafters=[d for d, _ in cfg.drafters], stores=[s for s, _ in cfg.stores],
-                       values=values, proxy=proxy, steps=cfg.steps)
+                       values=values, proxy=proxy, steps=cfg.steps, temperature=cfg.temperature)
     res.summary = summarize(res.drafters, res.stores, values)
     cfg.out.mkdir(parents=True, exist_ok=True)
     md, js, png = cfg.out / "matrix.md", cfg.out / "matrix.json", cfg.out / "matrix.png"
     write_text(md, to_markdown(res))
     plot_heatmap(res, png)
     res.paths = {"markdown": str(md), "json": str(js), "png": str(png)}
-    write_json(js, {"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy,
-                    "steps": cfg.steps, "summary": res.summary})
+    doc = {"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy, "steps": cfg.steps,
+           "summary": res.summary}
+    if cfg.temperature > 0:
+        doc["temperature"] = cfg.temperature
+    write_json(js, doc)
     return res

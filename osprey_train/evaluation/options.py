@@ -5,6 +5,7 @@ Kept free of torch so that the CLI can build and check configs cheaply.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from osprey_data.errors import ConfigError
@@ -26,6 +27,12 @@ class DraftingOptions:
     """TTT attention implementation used to draft all positions at once (sdpa, eager, flex)."""
     progress: bool = True
     """Show progress bars."""
+    temperature: float = 0.0
+    """Serving temperature: 0 = greedy (exact walk); > 0 = expected acceptance of chain speculative
+    sampling, from a store sampled from the target at this temperature (chain drafting only)."""
+    allow_temperature_mismatch: bool = False
+    """At temperature > 0, evaluate a store sampled otherwise (greedy, another temperature or top-p)
+    instead of refusing it; the figures are then labelled proxies."""
 
     def check_drafting(self, command: str) -> None:
         """Raise :class:`ConfigError` (prefixed with ``command``) on a bad drafting option."""
@@ -33,5 +40,7 @@ class DraftingOptions:
             raise ConfigError(f"{command}: --steps must be >= 1, got {self.steps}")
         if self.max_samples < 0:
             raise ConfigError(f"{command}: --max-samples must be >= 0, got {self.max_samples}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"{command}: --temperature must be a number >= 0, got {self.temperature}")
         if self.attention not in ("sdpa", "eager", "flex"):
             raise ConfigError(f"{command}: --attention must be sdpa, eager or flex, got {self.attention!r}")
