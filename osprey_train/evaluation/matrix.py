@@ -73,10 +73,10 @@ class MatrixResult:
     proxy: list[bool]
     """proxy[j]: store j's figures are proxies."""
     steps: int
-    temperature: float = 0.0
-    """Serving temperature (0 = greedy; > 0 = expected AL of speculative sampling)."""
     summary: dict[str, dict[str, float | None]] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
+    temperature: float = 0.0
+    """Serving temperature (0 = greedy; > 0 = expected AL of speculative sampling)."""
 
 
 def summarize(drafters: list[str], stores: list[str], values: list[list[float]]) -> dict[str, dict]:
