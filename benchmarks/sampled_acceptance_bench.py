@@ -175,6 +175,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("runs/sampled_bench"))
     ap.add_argument("--out", type=Path, default=Path("runs/sampled_bench/out"))
+    ap.add_argument("--build-only", action="store_true", help="only build the stores (needs --layers), e.g. while "
+                                                                  "the drafter trains")
     args = ap.parse_args()
 
     import torch
@@ -186,12 +188,12 @@ def main() -> None:
         args.topk, args.layers = 384, [2, 3, 4]
         target, args.prompts, drafter_dir = quick_setup(args.work / "quick")
     else:
-        if args.drafter is None:
-            ap.error("--drafter is required without --quick")
+        if args.drafter is None and not (args.build_only and args.layers):
+            ap.error("--drafter is required without --quick (or --build-only with --layers)")
         from osprey_data.target_model.fetch import fetch_smollm2
 
         target, drafter_dir = args.target or Path(fetch_smollm2()), args.drafter
-        if args.layers is None:
+        if args.layers is None and drafter_dir is not None:
             from osprey_train.models import load_drafter
 
             args.layers = list(load_drafter(drafter_dir).config.tap_layers.layer_ids)
@@ -210,6 +212,8 @@ def main() -> None:
             (store / "done").write_text(f"{build_s}\n")
         else:
             build_s = float((store / "done").read_text())
+        if args.build_only:
+            continue
         off = offline(drafter_dir, store, temperature, args.steps)
         log(f"T={temperature:g}: offline AL {off['al']:.4f} CI {off['ci']} in {off['seconds']:.1f} s")
         liv = live(drafter_dir, target, store, temperature, args.steps, args)
@@ -229,6 +233,8 @@ def main() -> None:
                      "agree": abs(off["al"] - liv["al"]) <= comb,
                      "offline_in_live_ci": liv["ci"][0] <= off["al"] <= liv["ci"][1],
                      "cost_ratio": ratio, "cost_ratio_with_build": ratio_build, "per_position": pos})
+    if args.build_only:
+        return
     write_table(rows, args, n_prompts, target, drafter_dir)
     agree = all(r["agree"] and all(p["agree"] for p in r["per_position"]) for r in rows)
     parts = [f"RESULT quick={int(args.quick)}"]
