@@ -49,6 +49,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 _TREE_HELP = ("SGLang tree shape STEPS,TOPK,NUM_DRAFT_TOKENS (--speculative-num-steps, --speculative-eagle-topk, "
               "--speculative-num-draft-tokens); repeat for several.")
+_TEMPERATURE_HELP = ("Serving temperature: 0 = greedy (exact walk); > 0 = expected acceptance of chain speculative "
+                     "sampling, from a store sampled from the target at this temperature (chains only).")
+_MISMATCH_HELP = "With --temperature > 0: evaluate a store sampled otherwise instead of refusing it (a proxy figure)."
 _KV_HELP = ("Tree drafting: which earlier tree nodes a drafted node attends to: sglang = SGLang's draft KV "
             "layout (as served), ancestors = an exact tree attention.")
 
@@ -65,6 +68,7 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
     Example:
       osprey eval acceptance --drafter runs/osprey/final --store stores/eval --steps 4
       osprey eval acceptance --drafter runs/osprey/final --store stores/eval --tree 5,4,8 --tree 3,1,4
+      osprey eval acceptance --drafter runs/osprey/final --store stores/eval-t0.7 --temperature 0.7
     """
     import json
 
@@ -82,7 +86,8 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
         raise ConfigError("acceptance: --steps is for chain drafting; with --tree give the steps in STEPS,TOPK,N")
     reports = tree_acceptance.run(tree_acceptance.TreeAcceptanceConfig(
         drafter=config.drafter, store=config.store, trees=_tree_shapes(trees), draft_kv=draft_kv,
-        max_samples=config.max_samples, device=config.device, attention=config.attention, progress=not as_json))
+        max_samples=config.max_samples, device=config.device, attention=config.attention,
+        temperature=config.temperature, progress=not as_json))
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2, sort_keys=True))
     else:
@@ -108,10 +113,13 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help=_TEMPERATURE_HELP + " Needs --grid-topk 1 or chain --tree S,1,S+1.")
+@click.option("--allow-temperature-mismatch", is_flag=True, help=_MISMATCH_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print sweep.json to stdout.")
 def sweep(drafter: Path, store: str, out: Path, cost: str | None, trees: tuple[str, ...], grid_steps: str,
           grid_topk: str, grid_tokens: str, draft_kv: str, max_samples: int, device: str, threads: int | None,
-          as_json: bool) -> None:
+          temperature: float, allow_temperature_mismatch: bool, as_json: bool) -> None:
     """Acceptance length of SGLang tree shapes, predicted speedups and the best shape (table + plot).
 
     \b
@@ -127,6 +135,7 @@ def sweep(drafter: Path, store: str, out: Path, cost: str | None, trees: tuple[s
                           trees=tuple(_tree_shapes(trees)), grid_steps=_ints(grid_steps, "--grid-steps"),
                           grid_topk=_ints(grid_topk, "--grid-topk"), grid_tokens=_ints(grid_tokens, "--grid-tokens"),
                           draft_kv=draft_kv, max_samples=max_samples, device=device, threads=threads,
+                          temperature=temperature, allow_temperature_mismatch=allow_temperature_mismatch,
                           progress=not as_json))
     if as_json:
         click.echo(json.dumps(res.to_dict(), indent=2))
@@ -143,8 +152,10 @@ def sweep(drafter: Path, store: str, out: Path, cost: str | None, trees: tuple[s
 @click.option("--steps", type=int, default=5, show_default=True, help="Draft length S.")
 @click.option("--max-samples", type=int, default=0, show_default=True, help="Samples per store (0 = all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help=_TEMPERATURE_HELP)
+@click.option("--allow-temperature-mismatch", is_flag=True, help=_MISMATCH_HELP)
 def matrix(drafters: tuple[str, ...], stores: tuple[str, ...], out: Path, steps: int, max_samples: int,
-           device: str) -> None:
+           device: str, temperature: float, allow_temperature_mismatch: bool) -> None:
     """Cross-domain acceptance matrix of drafters x eval stores (markdown table + heatmap).
 
     \b
@@ -155,6 +166,7 @@ def matrix(drafters: tuple[str, ...], stores: tuple[str, ...], out: Path, steps:
     from osprey_train.evaluation.matrix import MatrixConfig, parse_labeled, run, to_markdown
 
     res = run(MatrixConfig(drafters=parse_labeled(drafters, "--drafter"), stores=parse_labeled(stores, "--store"),
-                           out=out, steps=steps, max_samples=max_samples, device=device))
+                           out=out, steps=steps, max_samples=max_samples, device=device, temperature=temperature,
+                           allow_temperature_mismatch=allow_temperature_mismatch))
     click.echo(to_markdown(res))
     click.echo(f"wrote {res.paths['markdown']}, {res.paths['png']}")

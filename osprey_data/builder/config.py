@@ -180,6 +180,9 @@ class BuildConfig:
             "greedy": self.temperature == 0.0,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            # the stored top-k log-probs are the full softmax of the raw logits, at temperature 1
+            # whatever the sampling temperature (HF features; the SGLang backend prefills with HF)
+            "topk_logprobs_temperature": 1.0,
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
             "last_turn_only": self.last_turn_only,

@@ -29,6 +29,11 @@ The builder stores the generated ids verbatim, so a greedy store it wrote agrees
 float ties); a lower figure is a real integrity problem (a store from the old builder that
 re-tokenized decoded text, features that do not belong to the tokens, low-precision ties).
 
+At a serving temperature ``T > 0`` (``--temperature``) the figures are the expected acceptance of
+chain speculative SAMPLING, estimated from a store sampled from the target at ``T``
+(:mod:`sampled_acceptance`); a store sampled otherwise is refused unless the mismatch is allowed
+(then the figure is a proxy). ``T = 0`` is the greedy walk above, unchanged.
+
 ``run(AcceptanceConfig)`` is ``osprey eval acceptance``: it loads the drafter and the store,
 checks they belong together and simulates.
 
@@ -51,11 +56,18 @@ from osprey_data.target_model import check_compatible, resolve_device
 from osprey_data.text import printable
 from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.options import AcceptanceConfig
+from osprey_train.evaluation.sampled_acceptance import (
+    SampledTally,
+    acceptance_factors,
+    draft_path_probs,
+    expected_rounds,
+    store_temperature_reason,
+)
 from osprey_train.models import load_drafter
 
 __all__ = ["AcceptanceConfig", "AcceptanceReport", "RoundTally", "acceptance_walk", "evaluate_acceptance",
            "greedy_consistency_counts", "has_verify_round", "load_drafter_and_store", "per_position_rates",
-           "proxy_reason", "run", "store_verdict", "walk_rounds", "GREEDY_CONSISTENCY_MIN"]
+           "proxy_reason", "run", "sampled_reports", "store_verdict", "walk_rounds", "GREEDY_CONSISTENCY_MIN"]
 
 GREEDY_CONSISTENCY_MIN = 0.97
 
@@ -86,9 +98,17 @@ class AcceptanceReport:
     per_domain_samples: dict[str, int] = field(default_factory=dict)
     tree: dict | None = None
     """Tree drafting: ``{steps, topk, num_draft_tokens, kv}`` (:mod:`tree_acceptance`); None = chain."""
+    sampled: dict | None = None
+    """Speculative sampling at a temperature (:func:`sampled_reports`): ``{temperature, ci95,
+    tail_bounds, per_domain: {d: {acceptance_length, ci95, ...}}, per_position_ci95, ...}``;
+    None = greedy. ``overall`` is then the expected AL and ``num_verify_steps`` the expected
+    rounds, rounded."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.sampled is None:
+            del out["sampled"]  # greedy reports keep their exact JSON
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -97,6 +117,8 @@ class AcceptanceReport:
         how = f"S={self.steps}" if self.tree is None else (
             f"tree steps={self.tree['steps']} topk={self.tree['topk']} "
             f"num_draft_tokens={self.tree['num_draft_tokens']}, draft KV {self.tree['kv']}")
+        if self.sampled is not None:
+            return self._sampled_text(how)
         lines = [f"acceptance length ({how}): {self.overall:.3f} over {self.num_samples} samples, "
                  f"{self.num_tokens} tokens, {self.num_verify_steps} verify steps"]
         lines.append(f"  stored top-1 == next stored token at {100 * self.greedy_consistency:.1f}% "
@@ -107,6 +129,24 @@ class AcceptanceReport:
             lines.append(f"  {d:<16} {self.per_domain[d]:.3f}  ({self.per_domain_samples.get(d, 0)} samples)")
         lines.append("  per draft position: " + " ".join(f"{r:.3f}" for r in self.per_position))
         return "\n".join(printable(line) for line in lines)  # domains come from the store
+
+    def _sampled_text(self, how: str) -> str:
+        sm = self.sampled
+        assert sm is not None
+        ci = lambda pair: f"[{pair[0]:.3f}, {pair[1]:.3f}]"  # noqa: E731
+        lines = [f"expected acceptance length ({how}, speculative sampling at temperature {sm['temperature']:g}): "
+                 f"{self.overall:.3f}, 95% CI {ci(sm['ci95'])} over {self.num_samples} samples, "
+                 f"{self.num_tokens} tokens, {sm['expected_rounds']:.1f} expected verify rounds",
+                 f"  stored top-k tail: estimate within {ci(sm['tail_bounds'])} ({sm['outside_topk']} of "
+                 f"{sm['factors']} judged tokens outside the stored top-k)"]
+        if self.proxy:
+            lines.append(f"NOTE: proxy figure — {self.proxy_reason}")
+        for d in sorted(self.per_domain):
+            dom = sm["per_domain"][d]
+            lines.append(f"  {d:<16} {self.per_domain[d]:.3f}  CI {ci(dom['ci95'])}  ({dom['samples']} samples)")
+        lines.append("  per draft position: " + " ".join(
+            f"{r:.3f} {ci(c)}" for r, c in zip(self.per_position, sm["per_position_ci95"])))
+        return "\n".join(printable(line) for line in lines)
 
 
 def walk_rounds(num_tokens: int, prompt_length: int, accepted_at: Callable[[int], int],
@@ -234,10 +274,16 @@ def has_verify_round(sample) -> bool:
 
 @torch.no_grad()
 def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | None = None,
-                        impl: str = "sdpa", progress: bool = True) -> AcceptanceReport:
-    """Simulate greedy chain speculative decoding with ``drafter`` on the samples of ``reader``."""
+                        impl: str = "sdpa", progress: bool = True, temperature: float = 0.0,
+                        allow_temperature_mismatch: bool = False) -> AcceptanceReport:
+    """Simulate greedy chain speculative decoding with ``drafter`` on the samples of ``reader``;
+    ``temperature > 0``: the expected acceptance of speculative sampling (:func:`sampled_reports`)."""
     if steps < 1:
         raise ConfigError(f"acceptance: --steps must be >= 1, got {steps}")
+    if temperature > 0:
+        return sampled_reports(drafter, reader, [steps], temperature=temperature, max_samples=max_samples,
+                               impl=impl, progress=progress,
+                               allow_temperature_mismatch=allow_temperature_mismatch)[0]
     was_training = drafter.training
     drafter.eval()
     n = len(reader) if not max_samples else min(max_samples, len(reader))
@@ -257,6 +303,63 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
     return tally.report(steps, consistency=consistency, reason=reason, store=getattr(reader, "url", None))
 
 
+@torch.no_grad()
+def sampled_reports(drafter, reader, steps: list[int], *, temperature: float, max_samples: int | None = None,
+                    impl: str = "sdpa", progress: bool = True,
+                    allow_temperature_mismatch: bool = False) -> list[AcceptanceReport]:
+    """Expected acceptance of chain speculative sampling at ``temperature`` for each draft length
+    in ``steps`` (one drafting pass at the longest: a shorter chain is a prefix of it).
+
+    Refuses (:class:`ConfigError`) a store whose responses are not target samples at
+    ``temperature`` unless ``allow_temperature_mismatch`` (the reports are then proxies).
+    """
+    url = getattr(reader, "url", None)
+    reason = store_temperature_reason(reader.header, temperature)
+    if reason is not None and not allow_temperature_mismatch:
+        raise ConfigError(f"acceptance: store {url}: {reason}; the estimate needs a store sampled from the target "
+                          f"at the serving temperature (osprey data build --temperature {temperature:g} --seed N), "
+                          "or pass --allow-temperature-mismatch for a proxy figure")
+    longest = max(steps)
+    vocab_size = int(reader.header.target.vocab_size)
+    was_training = drafter.training
+    drafter.eval()
+    dtype = next(drafter.parameters()).dtype
+    n = len(reader) if not max_samples else min(max_samples, len(reader))
+    tallies = {s: SampledTally(steps=s) for s in steps}
+    for i in tqdm(range(n), desc=f"acceptance T={temperature:g}", unit="sample", disable=not progress):
+        smp = reader.sample(i, as_torch=True)
+        if not has_verify_round(smp):
+            continue
+        q_PS = draft_path_probs(drafter, smp.token_ids, smp.hidden_TLD.to(dtype), longest, temperature, impl=impl)
+        r_lo_PS, r_hi_PS, outside_S, judged_S = acceptance_factors(
+            q_PS, smp.token_ids, smp.topk_ids_TK, smp.topk_logprobs_TK, temperature, vocab_size,
+            smp.prompt_length)
+        T = int(smp.token_ids.shape[0])
+        for s, tally in tallies.items():
+            tally.add(smp.domain, expected_rounds(r_lo_PS[:, :s], r_hi_PS[:, :s], T, smp.prompt_length, s))
+            tally.factors += sum(judged_S[:s])
+            tally.outside += sum(outside_S[:s])
+    drafter.train(was_training)
+    return [_sampled_report(tallies[s], temperature, reason, url) for s in steps]
+
+
+def _sampled_report(tally: SampledTally, temperature: float, reason: str | None, url: str | None) -> AcceptanceReport:
+    rows = tally.all()
+    overall = SampledTally.figures(rows)
+    per_domain = {d: SampledTally.figures(tally.samples[d]) for d in sorted(tally.samples)}
+    rates, rate_cis = tally.per_position()
+    sampled = {"temperature": temperature, "ci95": overall["ci95"], "tail_bounds": overall["tail_bounds"],
+               "expected_rounds": overall["expected_rounds"], "per_domain": per_domain,
+               "per_position_ci95": rate_cis, "factors": tally.factors, "outside_topk": tally.outside}
+    return AcceptanceReport(
+        steps=tally.steps, overall=overall["acceptance_length"],
+        per_domain={d: f["acceptance_length"] for d, f in per_domain.items()}, per_position=rates,
+        num_samples=len(rows), num_verify_steps=round(overall["expected_rounds"]), num_tokens=overall["tokens"],
+        proxy=reason is not None,
+        proxy_reason=None if reason is None else f"store {reason} (--allow-temperature-mismatch)",
+        store=url, per_domain_samples={d: len(tally.samples[d]) for d in tally.samples}, sampled=sampled)
+
+
 def load_drafter_and_store(drafter_dir, store: str, *, device: str = "cpu", command: str = "acceptance"):
     """The drafter and the store reader, checked to belong to the same target.
 
@@ -273,4 +376,5 @@ def run(cfg: AcceptanceConfig) -> AcceptanceReport:
     """Open the store, load the drafter, check they belong together, and simulate."""
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device)
     return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                               impl=cfg.attention, progress=cfg.progress)
+                               impl=cfg.attention, progress=cfg.progress, temperature=cfg.temperature,
+                               allow_temperature_mismatch=cfg.allow_temperature_mismatch)

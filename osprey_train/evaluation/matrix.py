@@ -78,6 +78,8 @@ class MatrixResult:
     steps: int
     summary: dict[str, dict[str, float | None]] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
+    temperature: float = 0.0
+    """Serving temperature (0 = greedy; > 0 = expected AL of speculative sampling)."""
 
 
 def summarize(drafters: list[str], stores: list[str], values: list[list[float]]) -> dict[str, dict]:
@@ -103,9 +105,11 @@ def to_markdown(res: MatrixResult) -> str:
             cells.append(f"**{v}**" if s == d else v)
         sm = res.summary[d]
         lines.append("| " + " | ".join([d, *cells, fmt(sm["in_domain"]), fmt(sm["out_of_domain"])]) + " |")
-    note = f"\nAcceptance length (tokens per verify step, greedy chain, S={res.steps}); bold = in-domain."
+    how = "greedy chain" if res.temperature == 0 else f"expected, chain speculative sampling at T={res.temperature:g}"
+    note = f"\nAcceptance length (tokens per verify step, {how}, S={res.steps}); bold = in-domain."
     if any(res.proxy):
-        note += " * = proxy (store responses not generated greedily by the target)."
+        note += (" * = proxy (store responses not generated greedily by the target)." if res.temperature == 0 else
+                 f" * = proxy (store responses not sampled from the target at T={res.temperature:g}).")
     return "\n".join(lines) + "\n" + note + "\n"
 
 
@@ -162,7 +166,8 @@ def _identity(cfg: MatrixConfig, readers: list[tuple[str, StoreReader]]) -> dict
     """What the finished cells of an interrupted run depend on (a rerun reuses them only if equal)."""
     return {"drafters": [[n, p, _folder_fingerprint(p)] for n, p in cfg.drafters],
             "stores": [[n, url, r.header.build_fingerprint, len(r)] for (n, url), (_, r) in zip(cfg.stores, readers)],
-            "steps": cfg.steps, "max_samples": cfg.max_samples, "attention": cfg.attention}
+            "steps": cfg.steps, "max_samples": cfg.max_samples, "attention": cfg.attention,
+            "temperature": cfg.temperature, "allow_temperature_mismatch": cfg.allow_temperature_mismatch}
 
 
 def _load_partial(path: Path, identity: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -207,7 +212,9 @@ def run(cfg: MatrixConfig) -> MatrixResult:
                     check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
                                      where=f"matrix: drafter {dname!r} on store {sname!r}")
                     rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                                              impl=cfg.attention, progress=cfg.progress)
+                                              impl=cfg.attention, progress=cfg.progress,
+                                              temperature=cfg.temperature,
+                                              allow_temperature_mismatch=cfg.allow_temperature_mismatch)
                     with stop.deferred():   # a finished cell is saved whole before a signal is acted on
                         cells[f"{i},{j}"] = {"overall": rep.overall, "proxy": bool(rep.proxy)}
                         cfg.out.mkdir(parents=True, exist_ok=True)
@@ -220,14 +227,17 @@ def run(cfg: MatrixConfig) -> MatrixResult:
     values = [[cells[f"{i},{j}"]["overall"] for j in range(len(readers))] for i in range(len(cfg.drafters))]
     proxy = [any(cells[f"{i},{j}"]["proxy"] for i in range(len(cfg.drafters))) for j in range(len(readers))]
     res = MatrixResult(drafters=[d for d, _ in cfg.drafters], stores=[s for s, _ in cfg.stores],
-                       values=values, proxy=proxy, steps=cfg.steps)
+                       values=values, proxy=proxy, steps=cfg.steps, temperature=cfg.temperature)
     res.summary = summarize(res.drafters, res.stores, values)
     cfg.out.mkdir(parents=True, exist_ok=True)
     md, js, png = cfg.out / "matrix.md", cfg.out / "matrix.json", cfg.out / "matrix.png"
     write_text(md, to_markdown(res))
     plot_heatmap(res, png)
     res.paths = {"markdown": str(md), "json": str(js), "png": str(png)}
-    write_json(js, {"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy,
-                    "steps": cfg.steps, "summary": res.summary})
+    doc = {"drafters": res.drafters, "stores": res.stores, "values": values, "proxy": proxy, "steps": cfg.steps,
+           "summary": res.summary}
+    if cfg.temperature > 0:
+        doc["temperature"] = cfg.temperature
+    write_json(js, doc)
     partial_path.unlink(missing_ok=True)   # matrix.json is written: the cells live there now
     return res

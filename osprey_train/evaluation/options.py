@@ -6,6 +6,7 @@ builds and checks them without importing torch; the evaluation modules run them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,12 @@ class DraftingOptions:
     """TTT attention implementation used to draft all positions at once (sdpa, eager, flex)."""
     progress: bool = field(default=True, metadata={"cli": False})
     """Show progress bars."""
+    temperature: float = 0.0
+    """Serving temperature: 0 = greedy (exact walk); > 0 = expected acceptance of chain speculative
+    sampling, from a store sampled from the target at this temperature (chain drafting only)."""
+    allow_temperature_mismatch: bool = False
+    """At temperature > 0, evaluate a store sampled otherwise (greedy, another temperature or top-p)
+    instead of refusing it; the figures are then labelled proxies."""
 
     def check_drafting(self, command: str) -> None:
         """Raise :class:`ConfigError` (prefixed with ``command``) on a bad drafting option."""
@@ -44,6 +51,8 @@ class DraftingOptions:
             raise ConfigError(f"{command}: --steps must be >= 1, got {self.steps}")
         if self.max_samples < 0:
             raise ConfigError(f"{command}: --max-samples must be >= 0, got {self.max_samples}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"{command}: --temperature must be a number >= 0, got {self.temperature}")
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(f"{command}: --attention must be sdpa, eager or flex, got {self.attention!r}")
 
@@ -55,7 +64,8 @@ class AcceptanceConfig(DraftingOptions):
     drafter: Path
     """Drafter folder."""
     store: str
-    """Eval store (responses generated greedily by the target for an exact figure)."""
+    """Eval store (responses generated greedily by the target for an exact figure; sampled from it
+    at the serving temperature for ``temperature > 0``)."""
 
     def __post_init__(self) -> None:
         self.drafter = Path(self.drafter)

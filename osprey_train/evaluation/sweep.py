@@ -23,11 +23,11 @@ from osprey_data.errors import ConfigError, Interrupted
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.schema_check import load_json, validate
 from osprey_data.text import printable
-from osprey_train.evaluation.acceptance import load_drafter_and_store
+from osprey_train.evaluation.acceptance import load_drafter_and_store, sampled_reports
 from osprey_train.evaluation.cost_model import CostModel
 from osprey_train.evaluation.cpu_threads import torch_threads
 from osprey_train.evaluation.options import DraftingOptions
-from osprey_train.evaluation.tree_acceptance import evaluate_tree_acceptance
+from osprey_train.evaluation.tree_acceptance import TREE_SAMPLING_REASON, evaluate_tree_acceptance
 from osprey_train.evaluation.tree_draft import KV_MODES
 from osprey_train.evaluation.tree_shape import TreeShape, max_draft_nodes
 
@@ -91,6 +91,12 @@ class SweepConfig(DraftingOptions):
                 raise ConfigError(f"sweep: --{name.replace('_', '-')} needs positive integers, got {values}")
             setattr(self, name, values)
         self.trees = tuple(self.trees)
+        if self.temperature > 0:
+            trees = [s.label for s in self.shapes() if not s.is_chain]
+            if trees:
+                raise ConfigError(f"sweep: --temperature {self.temperature:g} with tree shapes ({', '.join(trees[:4])}"
+                                  f"{', ...' if len(trees) > 4 else ''}): {TREE_SAMPLING_REASON}; sweep chains only "
+                                  "(--grid-topk 1, or --tree S,1,S+1)")
         if self.cost is not None:  # price every shape now: a missing verify size fails before any work
             for shape in self.shapes():
                 self.cost.round_cost(shape)
@@ -136,6 +142,8 @@ class SweepResult:
     cost: CostModel | None
     assumptions: list[str]
     paths: dict[str, str] = field(default_factory=dict)
+    temperature: float = 0.0
+    """Serving temperature: 0 = greedy; > 0 = expected acceptance of chain speculative sampling."""
 
     @property
     def best(self) -> SweepRow | None:
@@ -149,7 +157,8 @@ class SweepResult:
                 "draft_kv": self.draft_kv, "num_samples": self.num_samples, "proxy": self.proxy_reason is not None,
                 "proxy_reason": self.proxy_reason, "cost_model": None if self.cost is None else self.cost.to_dict(),
                 "assumptions": self.assumptions, "rows": [r.to_dict() for r in self.rows],
-                "best": None if best is None else best.to_dict()}
+                "best": None if best is None else best.to_dict(),
+                **({"temperature": self.temperature} if self.temperature > 0 else {})}
 
     def to_markdown(self) -> str:
         best = self.best
@@ -158,7 +167,9 @@ class SweepResult:
             ["round cost", "predicted speedup"] if priced else [])
         lines = [f"# Tree sweep: {self.drafter} on {self.store}", "",
                  f"{self.num_samples} samples; draft KV layout: {self.draft_kv}; acceptance length = tokens per "
-                 "verify round (SGLang's accept length).", "",
+                 "verify round (SGLang's accept length)"
+                 + (f", expected under chain speculative sampling at temperature {self.temperature:g}."
+                    if self.temperature > 0 else "."), "",
                  "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for r in self.rows:
             cells = [str(r.shape.steps), str(r.shape.topk), str(r.shape.num_draft_tokens), f"{r.acceptance_length:.3f}"]
@@ -240,8 +251,14 @@ def run(cfg: SweepConfig) -> SweepResult:
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device, command="sweep")
     try:
         with GracefulStop(), torch_threads(cfg.threads, print if cfg.progress else None):
-            reports = evaluate_tree_acceptance(drafter, reader, shapes, kv=cfg.draft_kv,
-                                               max_samples=cfg.max_samples or None, progress=cfg.progress)
+            if cfg.temperature > 0:  # chains only (checked in the config): one drafting pass serves every length
+                reports = sampled_reports(drafter, reader, [s.steps for s in shapes], temperature=cfg.temperature,
+                                          max_samples=cfg.max_samples or None, impl=cfg.attention,
+                                          progress=cfg.progress,
+                                          allow_temperature_mismatch=cfg.allow_temperature_mismatch)
+            else:
+                reports = evaluate_tree_acceptance(drafter, reader, shapes, kv=cfg.draft_kv,
+                                                   max_samples=cfg.max_samples or None, progress=cfg.progress)
     except StopRequested as exc:
         # one pass over the store scores every shape at once: until it ends no shape is finished
         raise Interrupted(f"eval sweep interrupted by {signal_name(exc.signum)} before its pass over the store "
@@ -257,7 +274,8 @@ def run(cfg: SweepConfig) -> SweepResult:
         rows.append(row)
     res = SweepResult(rows=rows, drafter=str(cfg.drafter), store=cfg.store, draft_kv=cfg.draft_kv,
                       num_samples=reports[0].num_samples, proxy_reason=reports[0].proxy_reason, cost=cfg.cost,
-                      assumptions=[] if cfg.cost is None else cfg.cost.assumptions(shapes))
+                      assumptions=[] if cfg.cost is None else cfg.cost.assumptions(shapes),
+                      temperature=cfg.temperature)
     cfg.out.mkdir(parents=True, exist_ok=True)
     md, js, png = cfg.out / "sweep.md", cfg.out / "sweep.json", cfg.out / "sweep.png"
     doc = res.to_dict()

@@ -117,6 +117,13 @@ class TreeAcceptanceConfig(AcceptanceConfig):
             raise ConfigError("acceptance: give at least one --tree STEPS,TOPK,NUM_DRAFT_TOKENS")
         if self.draft_kv not in KV_MODES:
             raise ConfigError(f"acceptance: --draft-kv must be one of {KV_MODES}, got {self.draft_kv!r}")
+        if self.temperature > 0:
+            raise ConfigError(f"acceptance: --tree with --temperature {self.temperature:g}: {TREE_SAMPLING_REASON}; "
+                              "use --steps S for a chain")
+
+
+TREE_SAMPLING_REASON = ("the sampled estimator is exact for chain rejection sampling only; a tree is verified at "
+                        "temperature > 0 by a multi-draft rule that accepts differently")
 
 
 def run(cfg: TreeAcceptanceConfig) -> list[AcceptanceReport]:

@@ -43,7 +43,7 @@ def _prompts(num_samples: int) -> list[dict]:
 def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, num_samples: int = 8,
                     max_new_tokens: int = 16, topk: int = 8, hidden_codec: str = "bf16-blosc",
                     final_hidden: bool = False, regenerate: bool = True,
-                    layers: tuple[int, ...] | None = None) -> Path:
+                    layers: tuple[int, ...] | None = None, temperature: float = 0.0, seed: int = 0) -> Path:
     """Build a store at ``out_dir`` from ``model_dir`` (a tiny HF model folder) and return its path.
 
     Args:
@@ -51,6 +51,7 @@ def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, nu
         num_samples: how many built-in prompts to use when ``prompts`` is None.
         max_new_tokens, topk, hidden_codec, final_hidden, regenerate: builder settings.
         layers: tap layers (HF ``hidden_states`` ids; default: the builder's default taps).
+        temperature, seed: sampling (0 = greedy responses).
     """
     import json
 
@@ -65,7 +66,7 @@ def make_tiny_store(out_dir, model_dir, *, prompts: list[dict] | None = None, nu
     inputs.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     run(BuildConfig(
         target=str(model_dir), inputs=(str(inputs),), out=str(out_dir), backend="hf",
-        regenerate=regenerate, max_new_tokens=max_new_tokens, temperature=0.0, topk=topk,
+        regenerate=regenerate, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, topk=topk,
         hidden_codec=hidden_codec, final_hidden=final_hidden, batch_size=4, device="cpu",
         dtype="float32", max_length=512, progress=False, num_workers=1, worker_index=0,
         layers=tuple(layers) if layers is not None else None,

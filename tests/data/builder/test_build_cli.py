@@ -27,6 +27,7 @@ def test_cli_build_writes_a_store(tiny_llama_dir, prompts_file, tmp_path):
     g = h.generation
     assert (g["temperature"], g["top_p"], g["seed"], g["last_turn_only"], g["max_new_tokens"]) == (0.5, 0.8, 3, True, 4)
     assert (g["max_length"], g["overflow"]) == (300, "skip")
+    assert g["topk_logprobs_temperature"] == 1.0  # log-probs stay at T = 1 whatever --temperature
 
 
 def test_cli_errors_are_one_line(tmp_path, tiny_llama_dir, prompts_file):

@@ -178,6 +178,24 @@ def test_sampling_is_reproducible_across_batch_sizes(tiny_llama_dir, prompts_fil
     assert StoreReader(str(tmp_path / "a")).header.generation["seed"] == 5
 
 
+def test_sampled_store_keeps_temperature_one_logprobs(tiny_llama_dir, prompts_file, tmp_path):
+    """A store sampled at T records T and top-p, and its top-k log-probs are the T = 1 full softmax
+    (what the sampled-acceptance estimator tempers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run(config(tiny_llama_dir, [prompts_file], tmp_path / "t", temperature=0.5, top_p=1.0, seed=2))
+    r = StoreReader(str(tmp_path / "t"))
+    g = r.header.generation
+    assert (g["greedy"], g["temperature"], g["top_p"], g["topk_logprobs_temperature"]) == (False, 0.5, 1.0, 1.0)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
+    s = r.sample(0)
+    with torch.no_grad():
+        logits_TV = model(torch.as_tensor(s.token_ids, dtype=torch.long)[None]).logits[0].double()
+    want_TK = torch.log_softmax(logits_TV, -1).gather(1, torch.as_tensor(s.topk_ids_TK, dtype=torch.long))
+    np.testing.assert_allclose(s.topk_logprobs_TK, want_TK.numpy(), atol=1e-4)
+
+
 def test_two_workers_plus_merge_equal_one_worker(tiny_llama_dir, prompts_file, tmp_path, monkeypatch):
     run(config(tiny_llama_dir, [prompts_file], tmp_path / "one"))
     multi = tmp_path / "multi"
