@@ -31,12 +31,17 @@ __all__ = ["live"]
 @click.option("--allow-target-mismatch", is_flag=True, help="Run even if the drafter's target hashes differ.")
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
+@click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16", "float16", "bf16-autocast"]),
+              default="auto", show_default=True,
+              help="Target precision: auto = bfloat16 (prepacked) on CUDA or an AMX/AVX512-BF16 CPU, else float32.")
+@click.option("--draft-precision", type=click.Choice(["auto", "float32", "bfloat16", "float16", "bf16-autocast"]),
+              default=None, help="Drafter precision [default: the target's].")
 @click.option("--out", default=None, help="Also write the full report as JSON to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def live(drafter: str, target: str, inputs: tuple[str, ...], gguf_file: str | None, steps: int | None,
          tree: str | None, draft_kv: str, temperature: float, max_new_tokens: int, limit: int | None, device: str,
          seed: int, tap_codec: str | None, no_baseline: bool, allow_target_mismatch: bool, threads: int | None,
-         out: str | None, as_json: bool) -> None:
+         precision: str, draft_precision: str | None, out: str | None, as_json: bool) -> None:
     """Speculative decoding of prompts: acceptance length per domain, tokens/s vs the target alone.
 
     \b
@@ -59,7 +64,8 @@ def live(drafter: str, target: str, inputs: tuple[str, ...], gguf_file: str | No
                             steps=5 if steps is None else steps, tree=shape, draft_kv=draft_kv,
                             temperature=temperature, max_new_tokens=max_new_tokens, limit=limit, device=device,
                             seed=seed, tap_codec=tap_codec, baseline=not no_baseline,
-                            allow_target_mismatch=allow_target_mismatch, threads=threads, out=out,
+                            allow_target_mismatch=allow_target_mismatch, threads=threads, precision=precision,
+                            draft_precision=draft_precision, out=out,
                             progress=not as_json))
     if as_json:
         doc = report.to_dict()

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from osprey_train.trainer.config import DISTRIBUTED_MODES, SCHEDULE_NAMES, LoopConfig, OptimConfig
+from osprey_train.trainer.config import DISTRIBUTED_MODES, SCHEDULE_NAMES, TRAIN_PRECISIONS, LoopConfig, OptimConfig
 
 __all__ = ["loop_options", "optim_options", "loop_config", "optim_config"]
 
@@ -36,6 +36,9 @@ _LOOP_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "device": (("--device",), dict(help="auto, cpu, cuda or cuda:N.")),
     "distributed": (("--distributed",), dict(type=click.Choice(DISTRIBUTED_MODES),
                                             help="auto = DDP when launched by torchrun with >1 process.")),
+    "precision": (("--precision",), dict(type=click.Choice(TRAIN_PRECISIONS),
+                                         help="auto = bf16-autocast on CUDA or an AMX/AVX512-BF16 CPU, else "
+                                              "float32 (float32 weights either way).")),
     "gradient_checkpointing": (("--gradient-checkpointing",),
                                dict(is_flag=True, help="Recompute activations in backward to save memory.")),
     "progress": (("--progress/--no-progress",), dict(help="Show progress bars.")),

@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError
-from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device
+from osprey_data.target_model import (PRECISIONS, check_compatible, identify_target, load_hf_target, resolve_device,
+                                      resolve_precision)
 from osprey_train.evaluation.cpu_threads import torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
@@ -80,6 +81,11 @@ class LiveConfig:
     """Optional JSON file to write the full report to."""
     threads: int | None = None
     """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
+    precision: str = "auto"
+    """Target precision: 'float32', 'bfloat16' (prepacked bf16 linears on CPU), 'bf16-autocast' (float32
+    weights, bf16 matmuls) or 'auto' (bfloat16 on CUDA or a CPU with AMX/AVX512-BF16, else float32)."""
+    draft_precision: str | None = None
+    """The drafter's precision (same names); None = the target's."""
     progress: bool = True
     """Show a tqdm progress bar."""
 
@@ -104,6 +110,10 @@ class LiveConfig:
             raise ConfigError(f"live: --limit must be >= 1, got {self.limit}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"live: --threads must be >= 1, got {self.threads}")
+        for name in ("precision", "draft_precision"):
+            value = getattr(self, name)
+            if value is not None and value not in PRECISIONS:
+                raise ConfigError(f"live: --{name.replace('_', '-')} must be one of {PRECISIONS}, got {value!r}")
         if self.tap_codec is not None and self.tap_codec not in ("bf16", "fp8"):
             raise ConfigError(f"live: --tap-codec must be 'bf16' or 'fp8', got {self.tap_codec!r}")
         if not Path(self.drafter).is_dir():
@@ -123,8 +133,13 @@ def run(config: LiveConfig) -> LiveReport:
 def _run(config: LiveConfig) -> LiveReport:
     device = resolve_device(config.device)
     samples = list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
-    drafter = load_drafter(config.drafter, device=device)
-    model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device)
+    precision = resolve_precision(config.precision, device, what="live: --precision")
+    draft_precision = precision if config.draft_precision is None else \
+        resolve_precision(config.draft_precision, device, what="live: --draft-precision")
+    drafter = draft_precision.prepare(load_drafter(config.drafter, device=device))
+    model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device,
+                                      dtype=precision.weights)
+    precision.prepare(model)
     check_compatible(drafter.config, identify_target(model, tokenizer, config.target),
                      where=f"live: drafter {config.drafter} on target {config.target}",
                      check_identity=not config.allow_target_mismatch,
@@ -144,16 +159,24 @@ def _run(config: LiveConfig) -> LiveReport:
         check_tree_target(target)
         session = TreeDrafterSession(drafter, kv=config.draft_kv, target_vocab_size=vocab, tap_codec=config.tap_codec)
 
+    # one autocast region for both models: a bf16-autocast drafter under a float32 target (or the
+    # reverse) is not offered, as autocast cannot be scoped to one model's forward cheaply
+    if precision.autocast != draft_precision.autocast:
+        raise ConfigError("live: bf16-autocast must be the precision of both the target and the drafter, or of "
+                          "neither")
+
     def spec(p: LivePrompt, n: int):
-        if config.tree is not None:
-            return tree_speculative_generate(target, session, p.prompt_ids, shape=config.tree, max_new_tokens=n,
-                                             eos_ids=eos)
-        return speculative_generate(target, session, p.prompt_ids, num_steps=config.steps, max_new_tokens=n,
-                                    temperature=config.temperature, eos_ids=eos, generator=spec_gen)
+        with precision.context():
+            if config.tree is not None:
+                return tree_speculative_generate(target, session, p.prompt_ids, shape=config.tree,
+                                                 max_new_tokens=n, eos_ids=eos)
+            return speculative_generate(target, session, p.prompt_ids, num_steps=config.steps, max_new_tokens=n,
+                                        temperature=config.temperature, eos_ids=eos, generator=spec_gen)
 
     def plain(p: LivePrompt, n: int):
-        return plain_generate(target, p.prompt_ids, max_new_tokens=n, temperature=config.temperature,
-                              eos_ids=eos, generator=plain_gen)
+        with precision.context():
+            return plain_generate(target, p.prompt_ids, max_new_tokens=n, temperature=config.temperature,
+                                  eos_ids=eos, generator=plain_gen)
 
     # warm-up (first-call allocations and kernel selection would otherwise bias the first timing);
     # S + 2 tokens: the prefill's token, then one round of S drafts + the target's token
@@ -179,6 +202,7 @@ def _run(config: LiveConfig) -> LiveReport:
                         "identical": identical, "finish_reason": res.finish_reason})
     report = summarize(samples, steps=steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
+    report.precision = {"target": precision.name, "drafter": draft_precision.name}
     if config.tree is not None:
         report.tree = {**config.tree.to_dict(), "kv": config.draft_kv}
     if config.out:
