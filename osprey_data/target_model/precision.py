@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,16 @@ from osprey_data.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
-__all__ = ["PRECISIONS", "TRAIN_PRECISIONS", "Precision", "cpu_bf16_capable", "resolve_precision",
+__all__ = ["CAPABILITY_ENV", "PRECISIONS", "TRAIN_PRECISIONS", "Precision", "cpu_bf16_capable", "resolve_precision",
            "prepack_linears"]
 
 PRECISIONS: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "bf16-autocast")
 TRAIN_PRECISIONS: tuple[str, ...] = ("auto", "float32", "bf16-autocast")
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 _CPUINFO = Path("/proc/cpuinfo")
+CAPABILITY_ENV = "OSPREY_CPU_BF16"
+"""Set to ``0`` or ``1`` to override the detection (the test suite sets 0, so that ``auto`` means
+the same on every CI machine)."""
 
 
 def _cpu_flags() -> frozenset[str]:
@@ -62,7 +66,13 @@ def _mkldnn_bf16_supported() -> bool:
 
 def cpu_bf16_capable() -> bool:
     """True when this CPU has bf16 matrix instructions (``amx_bf16`` or ``avx512_bf16``) and torch's
-    oneDNN can use them; without both, bf16 matmuls are emulated and slower than float32."""
+    oneDNN can use them; without both, bf16 matmuls are emulated and slower than float32.
+    ``$OSPREY_CPU_BF16`` (``0``/``1``) overrides the detection."""
+    forced = os.environ.get(CAPABILITY_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ConfigError(f"${CAPABILITY_ENV} must be 0 or 1 (or unset to detect), got {forced!r}")
     return bool(_BF16_FLAGS[0] in _cpu_flags() or _BF16_FLAGS[1] in _cpu_flags()) and _mkldnn_bf16_supported()
 
 
@@ -167,3 +177,4 @@ def prepack_linears(model: Any) -> int:
         module.forward = types.MethodType(_packed_forward, module)
         packed += 1
     return packed
+

@@ -13,12 +13,14 @@ from osprey_data.target_model import prepack_linears, resolve_precision
 
 @pytest.fixture
 def amx_cpu(monkeypatch):
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
     monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset({"avx512f", "amx_bf16", "amx_tile"}))
     monkeypatch.setattr(prec, "_mkldnn_bf16_supported", lambda: True)
 
 
 @pytest.fixture
 def plain_cpu(monkeypatch):
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
     monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
     monkeypatch.setattr(prec, "_mkldnn_bf16_supported", lambda: True)
 
@@ -43,6 +45,7 @@ def test_auto_without_bf16_falls_back_to_float32(plain_cpu):
 
 
 def test_flags_without_onednn_bf16_fall_back(monkeypatch):
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
     monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset({"amx_bf16"}))
     monkeypatch.setattr(prec, "_mkldnn_bf16_supported", lambda: False)
     assert resolve_precision("auto", "cpu").name == "float32"
@@ -58,6 +61,17 @@ def test_cuda_and_explicit_names(plain_cpu):
         resolve_precision("bfloat16", "cpu", training=True, what="train precision")
 
 
+def test_env_overrides_the_detection(amx_cpu, monkeypatch):
+    monkeypatch.setenv(prec.CAPABILITY_ENV, "0")
+    assert resolve_precision("auto", "cpu").name == "float32"
+    monkeypatch.setenv(prec.CAPABILITY_ENV, "1")
+    monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset())
+    assert resolve_precision("auto", "cpu").name == "bfloat16"
+    monkeypatch.setenv(prec.CAPABILITY_ENV, "yes")
+    with pytest.raises(ConfigError, match="OSPREY_CPU_BF16"):
+        resolve_precision("auto", "cpu")
+
+
 def test_cpuinfo_flags_are_read(tmp_path, monkeypatch):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx512_bf16 amx_tile\n")
@@ -67,7 +81,8 @@ def test_cpuinfo_flags_are_read(tmp_path, monkeypatch):
     assert prec._cpu_flags() == frozenset()
 
 
-@pytest.mark.skipif(not prec.cpu_bf16_capable(), reason="needs a CPU with bf16 matrix instructions")
+@pytest.mark.skipif(not (prec._BF16_FLAGS[0] in prec._cpu_flags() or prec._BF16_FLAGS[1] in prec._cpu_flags()),
+                    reason="needs a CPU with bf16 matrix instructions")
 def test_prepacked_linears_match_f_linear():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.GELU(), torch.nn.Linear(96, 40, bias=False))

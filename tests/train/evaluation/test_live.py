@@ -75,9 +75,9 @@ def test_offline_acceptance_equals_live_greedy(live_setup):
 @pytest.mark.parametrize("precision", ["bfloat16", "bf16-autocast"])
 def test_live_in_bf16_is_lossless_and_records_its_precision(live_setup, precision):
     """Greedy speculative decoding equals plain greedy decoding in the same precision."""
-    from osprey_data.target_model import cpu_bf16_capable
+    from osprey_data.target_model import precision as prec
 
-    if precision == "bfloat16" and not cpu_bf16_capable():
+    if precision == "bfloat16" and not {"amx_bf16", "avx512_bf16"} & prec._cpu_flags():
         pytest.skip("prepacked bf16 linears need a CPU with bf16 matrix instructions")
     report = run(_config(live_setup, precision=precision, limit=3))
     assert report.precision == {"target": precision, "drafter": precision}
@@ -88,6 +88,7 @@ def test_live_in_bf16_is_lossless_and_records_its_precision(live_setup, precisio
 def test_live_precision_auto_follows_the_cpu(live_setup, monkeypatch):
     from osprey_data.target_model import precision as prec
 
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
     monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset({"avx2"}))
     report = run(_config(live_setup, limit=1, baseline=False))
     assert report.precision == {"target": "float32", "drafter": "float32"}

@@ -204,6 +204,7 @@ def test_auto_precision_follows_the_cpu(tmp_path, monkeypatch, flags, expected):
     from osprey_train.trainer.config import TRAIN_PRECISIONS as LOOP_PRECISIONS
 
     assert LOOP_PRECISIONS == TRAIN_PRECISIONS
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
     monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset(flags))
     monkeypatch.setattr(prec, "_mkldnn_bf16_supported", lambda: True)
     result = train(ToyTask(), _loop(tmp_path, max_steps=1, save_every=0, eval_every=0, precision="auto"), OPTIM)
