@@ -282,6 +282,8 @@ def precision_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict
     prompts = regen_prompts(args.inputs, args.limit)
     path = tmp / "regen_prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    forced_path = tmp / "forced_prompts.jsonl"  # teacher forcing needs references
+    forced_path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_prompts(args.limit)))
     rows: dict[str, dict[str, list[float]]] = {n: {"regen": [], "prefill": []} for n in names}
     same: dict[str, int] = {n: 0 for n in names}
     for rep in range(args.repeats):
@@ -293,7 +295,7 @@ def precision_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict
                                     dtype=n, regenerate=True, temperature=0.0, max_new_tokens=args.max_new_tokens,
                                     topk=args.topk, hidden_codec=args.hidden_codec, batch_size=args.batch_size,
                                     progress=False, max_length=4096))
-            forced = run(BuildConfig(target=str(model_dir), inputs=(str(path),), out=str(out / "forced"),
+            forced = run(BuildConfig(target=str(model_dir), inputs=(str(forced_path),), out=str(out / "forced"),
                                      device="cpu", dtype=n, regenerate=False, topk=args.topk,
                                      hidden_codec=args.hidden_codec, batch_size=args.batch_size, progress=False,
                                      max_length=4096))
