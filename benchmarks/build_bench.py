@@ -22,6 +22,7 @@ Usage::
     python benchmarks/build_bench.py --model smollm2 \\
         --inputs ../shared/data/prompts/chat.eval.jsonl --limit 32
     python benchmarks/build_bench.py --quick               # < 60 s
+    python benchmarks/build_bench.py --model smollm2 --mode precision --limit 16   # per precision
 
 ``--model smollm2`` is SmolLM2-135M-Instruct from the demo's cache (fetched from PyPI once).
 Ends with one ``RESULT key=value ...`` line.
@@ -266,12 +267,74 @@ def prefill_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict:
             "goal_overhead": 0.15, "bytes_per_token": round(summary.bytes_per_token, 1)}
 
 
+def precision_section(args, model_dir: Path, model_name: str, tmp: Path) -> dict:
+    """The builder in every precision of ``--precisions``, interleaved (the order rotates per round):
+    regeneration (generated tokens/s of the whole run: generation + features + write) and the
+    teacher-forced build (stored tokens/s), each as a ratio to float32 in the same round; and how
+    many regenerated responses equal float32's token for token."""
+    from osprey_data.builder import BuildConfig
+    from osprey_data.builder.runner import run
+    from osprey_data.store import StoreReader
+
+    names = [n.strip() for n in args.precisions.split(",") if n.strip()]
+    if names[0] != "float32":
+        raise SystemExit("--precisions: float32 first (the ratios' baseline)")
+    prompts = regen_prompts(args.inputs, args.limit)
+    path = tmp / "regen_prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    forced_path = tmp / "forced_prompts.jsonl"  # teacher forcing needs references
+    forced_path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_prompts(args.limit)))
+    rows: dict[str, dict[str, list[float]]] = {n: {"regen": [], "prefill": []} for n in names}
+    same: dict[str, int] = {n: 0 for n in names}
+    for rep in range(args.repeats):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        tps: dict[str, dict[str, float]] = {}
+        for n in order:
+            out = tmp / f"p-{n}-{rep}"
+            regen = run(BuildConfig(target=str(model_dir), inputs=(str(path),), out=str(out / "regen"), device="cpu",
+                                    dtype=n, regenerate=True, temperature=0.0, max_new_tokens=args.max_new_tokens,
+                                    topk=args.topk, hidden_codec=args.hidden_codec, batch_size=args.batch_size,
+                                    progress=False, max_length=4096))
+            forced = run(BuildConfig(target=str(model_dir), inputs=(str(forced_path),), out=str(out / "forced"),
+                                     device="cpu", dtype=n, regenerate=False, topk=args.topk,
+                                     hidden_codec=args.hidden_codec, batch_size=args.batch_size, progress=False,
+                                     max_length=4096))
+            tps[n] = {"regen": regen.generated_tokens / regen.work_s, "prefill": forced.tokens_per_s}
+            print(f"  round {rep + 1} {n}: regeneration {tps[n]['regen']:.1f} generated tok/s, "
+                  f"teacher-forced {tps[n]['prefill']:.1f} stored tok/s", flush=True)
+        for n in names:
+            for k in ("regen", "prefill"):
+                rows[n][k].append(tps[n][k] / tps["float32"][k])
+        if rep == 0:
+            ref = StoreReader(str(tmp / "p-float32-0" / "regen"))
+            ref_ids = {ref.sample(i).sample_id: ref.sample(i).token_ids.tolist() for i in range(len(ref))}
+            for n in names:
+                r = StoreReader(str(tmp / f"p-{n}-0" / "regen"))
+                same[n] = sum(ref_ids.get(r.sample(i).sample_id) == r.sample(i).token_ids.tolist() for i in range(len(r)))
+    print(f"builder per precision: model {model_name}, {len(prompts)} prompts, batch {args.batch_size}, "
+          f"max_new_tokens {args.max_new_tokens}; medians over {args.repeats} interleaved rounds of the per-round "
+          f"ratio to float32")
+    print(f"{'precision':16s}{'regeneration':>14s}{'teacher-forced':>16s}{'responses = fp32':>18s}")
+    result: dict[str, object] = {"precision_model": model_name, "precision_samples": len(prompts)}
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "bf16-autocast": "autocast"}
+    for n in names:
+        regen, pre = statistics.median(rows[n]["regen"]), statistics.median(rows[n]["prefill"])
+        print(f"{n:16s}{regen:13.2f}x{pre:15.2f}x{same[n]:>12d}/{len(prompts)}")
+        result[f"{short[n]}_regen_vs_fp32"] = round(regen, 3)
+        result[f"{short[n]}_forced_vs_fp32"] = round(pre, 3)
+        result[f"{short[n]}_same_as_fp32"] = f"{same[n]}/{len(prompts)}"
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None,
                     help="HF model folder, or 'smollm2' (default: tiny random Llama, built now)")
     ap.add_argument("--inputs", nargs="*", default=None, help="prompt files (default: synthetic prompts)")
-    ap.add_argument("--mode", choices=["prefill", "regen", "all"], default="all")
+    ap.add_argument("--mode", choices=["prefill", "regen", "all", "precision"], default="all",
+                    help="precision: the builder in each of --precisions, as ratios to float32")
+    ap.add_argument("--precisions", default="float32,bfloat16,bf16-autocast",
+                    help="--mode precision: comma list, float32 first")
     ap.add_argument("--limit", type=int, default=48, help="samples")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64, help="regeneration: tokens per response")
@@ -296,6 +359,8 @@ def main() -> None:
             result.update(prefill_section(args, model_dir, model_name, tmp))
         if args.mode in ("regen", "all"):
             result.update(regen_section(args, model_dir, model_name, tmp))
+        if args.mode == "precision":
+            result.update(precision_section(args, model_dir, model_name, tmp))
     result["load_avg"] = round(os.getloadavg()[0], 1)
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
 

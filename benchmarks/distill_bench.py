@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -173,8 +174,16 @@ def worker(impl: str, T: int, scale: int, vocab_scale: int, ckpt: bool) -> dict:
     model = build(sh).train()
     b = batch(sh, 16)
 
+    from osprey_data.target_model import resolve_precision
+
+    precision = resolve_precision(os.environ.get("BENCH_PRECISION", "float32"), "cpu", training=True)
+
     def step():
         model.zero_grad(set_to_none=True)
+        with precision.context():
+            return _loss_backward()
+
+    def _loss_backward():
         if impl == "osprey":
             loss = ttt_loss(model, b, steps=FULL["K"], decay=0.8, target_dist="renorm", impl="sdpa",
                             chunk_size=1024, checkpoint_steps=ckpt).loss
@@ -195,8 +204,8 @@ def worker(impl: str, T: int, scale: int, vocab_scale: int, ckpt: bool) -> dict:
     return {"peak": peak, "step_s": first, "loss": loss}
 
 
-def run_worker(impl, T, args, ckpt=False) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+def run_worker(impl, T, args, ckpt=False, precision="float32") -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", BENCH_PRECISION=precision)
     cmd = [sys.executable, __file__, "--worker", impl, "--T", str(T), "--scale", str(args.scale),
            "--vocab-scale", str(args.vocab_scale)] + (["--ckpt"] if ckpt else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -341,7 +350,10 @@ def main() -> None:
     ap.add_argument("--seqs", default="512,1024,2048,4096")
     ap.add_argument("--naive-max", type=int, default=4096, help="largest T run with the naive implementation")
     ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--mode", choices=["memory", "throughput", "all", "remote"], default="all",
+    ap.add_argument("--precisions", default="float32,bf16-autocast",
+                    help="--mode precision: training precisions compared, float32 first")
+    ap.add_argument("--precision-repeats", type=int, default=3, help="--mode precision: runs of each")
+    ap.add_argument("--mode", choices=["memory", "throughput", "all", "remote", "precision"], default="all",
                     help="memory: peak memory vs naive; throughput: store vs in-memory batches; all: both; "
                          "remote: reading a store on S3 (+ cache) vs local disk")
     ap.add_argument("--quick", action="store_true", help="< 60 s: seqs 512,1024 and a short throughput run; "
@@ -364,11 +376,48 @@ def main() -> None:
     result: dict[str, object] = {}
     if args.mode in ("memory", "all"):
         result.update(memory_section(args))
+    if args.mode == "precision":
+        result.update(precision_section(args))
     if args.mode in ("throughput", "all"):
         from distill_throughput import throughput_section
 
         result.update(throughput_section(args, build))
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+def precision_section(args) -> dict:
+    """One TTT distill step (forward + backward, the scaled paper shape) in each training precision,
+    each run in a fresh process, the precisions taking turns: training tokens/s and peak memory
+    as ratios to float32 in the same turn (median over ``--precision-repeats``)."""
+    names = [n.strip() for n in args.precisions.split(",") if n.strip()]
+    if names[0] != "float32":
+        raise SystemExit("--precisions: float32 first (the ratios' baseline)")
+    seqs = [int(x) for x in args.seqs.split(",")]
+    sh = shape(args.scale, args.vocab_scale)
+    print(f"distill step per precision: scale 1/{args.scale} (d={sh['d']}, d_target={sh['d_target']}, "
+          f"vocab {sh['vocab']}), K={FULL['K']}, {os.environ.get('BENCH_THREADS', '1')} thread(s)")
+    result: dict[str, object] = {}
+    short = {"float32": "fp32", "bf16-autocast": "autocast"}
+    for T in seqs:
+        speed: dict[str, list[float]] = {n: [] for n in names}
+        peak: dict[str, list[float]] = {n: [] for n in names}
+        losses: dict[str, float] = {}
+        for rep in range(args.precision_repeats):
+            order = names[rep % len(names):] + names[: rep % len(names)]
+            runs = {n: run_worker("osprey", T, args, precision=n) for n in order}
+            if any("error" in r for r in runs.values()):
+                raise SystemExit(f"T={T}: {runs}")
+            for n in names:
+                speed[n].append(runs["float32"]["step_s"] / runs[n]["step_s"])
+                peak[n].append(runs[n]["peak"] / runs["float32"]["peak"])
+                losses[n] = runs[n]["loss"]
+        for n in names:
+            sp, pk = statistics.median(speed[n]), statistics.median(peak[n])
+            print(f"  T={T:5d} {n:14s} tokens/s x{sp:.2f} of float32, peak memory x{pk:.2f}, "
+                  f"loss {losses[n]:.4f}", flush=True)
+            result[f"{short.get(n, n)}_T{T}_speed_vs_fp32"] = round(sp, 3)
+            result[f"{short.get(n, n)}_T{T}_peak_vs_fp32"] = round(pk, 3)
+    return result
 
 
 def memory_section(args) -> dict:

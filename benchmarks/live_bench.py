@@ -318,6 +318,181 @@ def spec_section(args, target, session, prompts, eos, costs) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------- precisions
+
+
+def load_precision(p, target_dir: Path, drafter_dir: Path, draft_vocab_full: bool = False):
+    """Target and drafter sessions in precision ``p`` (bf16: prepacked linears on CPU)."""
+    from osprey_data.target_model import load_hf_target
+    from osprey_train.evaluation.live_drafter import DrafterSession
+    from osprey_train.evaluation.spec_decode import HFTargetSession
+    from osprey_train.models import load_drafter
+
+    model, tokenizer = load_hf_target(str(target_dir), device="cpu", dtype=p.weights)
+    p.prepare(model)
+    drafter = p.prepare(load_drafter(drafter_dir))
+    target = HFTargetSession(model, drafter.config.tap_layers.layer_ids)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return target, DrafterSession(drafter, target_vocab_size=vocab)
+
+
+def precision_section(args, names, target_dir: Path, drafter_dir: Path, prompts, eos, context_ids) -> dict:
+    """Every precision side by side, interleaved: the cost table, plain and speculative decoding,
+    losslessness within a precision and agreement with float32; ratios against the FASTEST plain
+    decoding of the target over all precisions."""
+    from osprey_data.target_model import resolve_precision
+    from osprey_train.evaluation.spec_decode import plain_generate, speculative_generate
+
+    precs = {n: resolve_precision(n, "cpu") for n in names}
+    runs = {n: load_precision(precs[n], target_dir, drafter_dir) for n in names}
+    steps = (3,) if args.quick else (2, 3, 4)
+    ids = list(context_ids)
+    base = len(ids) - 1
+    filler = [ids[(3 * i + 1) % len(ids)] for i in range(VERIFY_MAX)]
+    taps_of = {}
+    for n, (target, session) in runs.items():
+        with precs[n].context():
+            target.reset(capacity=len(ids) + VERIFY_MAX)
+            _, taps_of[n] = target.forward(ids[:-1], want_taps=True, logits_for=1)
+            session.reset()
+            session.propose(ids, taps_of[n], 1, 0.0, None)
+
+    def measure(n: str, kind: str, k: int) -> float:
+        target, session = runs[n]
+        with precs[n].context():
+            if kind == "draft":  # a round's state: one slot to extend, then k drafts
+                session.slots -= 1
+                session.attention.truncate(session.attention.length - 1)
+                t = time.perf_counter()
+                session.propose(ids, taps_of[n][-1:], k, 0.0, None)
+                return time.perf_counter() - t
+            block = [ids[-1], *filler[: k - 1]]
+            t = time.perf_counter()
+            target.forward(block, want_taps=kind == "verify", logits_for=None if kind == "verify" else 1)
+            seconds = time.perf_counter() - t
+            target.crop(base)
+            return seconds
+
+    verify_ns = (1, 2, 3, 4, 5, 6, 8, 16)
+    order = [(n, kind, k) for n in names for kind, k in
+             [("plain", 1), ("draft", 1), ("draft", 5)] + [("verify", v) for v in verify_ns]]
+    for _ in range(2):
+        for item in order:
+            measure(*item)
+    samples: dict[tuple, list[float]] = {}
+    rng = random.Random(1)
+    for _ in range(args.cost_repeats):
+        rng.shuffle(order)
+        for item in order:
+            samples.setdefault(item, []).append(measure(*item))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    fastest_step = min(med[(n, "plain", 1)] for n in names)
+    costs = {}
+    for n in names:
+        step = med[(n, "plain", 1)]
+        costs[n] = {"plain_step_seconds": step, "plain_step_vs_fastest": step / fastest_step,
+                    "plain_step_vs_fp32": step / med[(names[0], "plain", 1)],
+                    "verify": {v: med[(n, "verify", v)] / step for v in verify_ns},
+                    "draft_step": (med[(n, "draft", 5)] - med[(n, "draft", 1)]) / 4 / step}
+    # decoding: per prompt, every precision in a rotated order; plain and each S
+    agg = {n: {"plain_s": 0.0, "plain_tokens": 0, "agree_fp32": 0, **{s: {"s": 0.0, "tokens": 0, "rounds": 0,
+               "emitted": 0, "identical": 0} for s in steps}} for n in names}
+    ref_outputs: dict[int, list[int]] = {}
+    warm = prompts[0]
+    for n, (target, session) in runs.items():
+        with precs[n].context():
+            speculative_generate(target, session, warm, num_steps=3, max_new_tokens=8, eos_ids=eos)
+            plain_generate(target, warm, max_new_tokens=8, eos_ids=eos)
+    runs_count = 0
+    for rep in range(args.spec_repeats):
+        for i, p in enumerate(prompts):
+            rot = (i + rep) % len(names)
+            for n in names[rot:] + names[:rot]:
+                target, session = runs[n]
+                jobs = ["plain", *steps]
+                if (i + rep) % 2:
+                    jobs.reverse()
+                out = {}
+                with precs[n].context():
+                    for job in jobs:
+                        if job == "plain":
+                            out[job] = plain_generate(target, p, max_new_tokens=args.max_new_tokens, eos_ids=eos)
+                        else:
+                            out[job] = speculative_generate(target, session, p, num_steps=job,
+                                                            max_new_tokens=args.max_new_tokens, eos_ids=eos)
+                a = agg[n]
+                a["plain_s"] += out["plain"].seconds
+                a["plain_tokens"] += len(out["plain"].output_ids)
+                if n == names[0]:
+                    ref_outputs[i] = out["plain"].output_ids
+                for s in steps:
+                    r, b = out[s], a[s]
+                    b["s"] += r.seconds
+                    b["tokens"] += len(r.output_ids)
+                    b["rounds"] += len(r.accept_lengths)
+                    b["emitted"] += sum(r.accept_lengths)
+                    b["identical"] += r.output_ids == out["plain"].output_ids
+                a.setdefault("_plain_out", {})[(rep, i)] = out["plain"].output_ids
+            runs_count += 1
+    for n in names:  # agreement with the float32 (first listed) plain outputs, after all runs
+        agg[n]["agree_fp32"] = sum(o == ref_outputs[i] for (rep, i), o in agg[n].pop("_plain_out").items())
+    fastest_plain = max(agg[n]["plain_tokens"] / agg[n]["plain_s"] for n in names)
+    fastest_name = max(names, key=lambda n: agg[n]["plain_tokens"] / agg[n]["plain_s"])
+    table = {}
+    for n in names:
+        a, c = agg[n], costs[n]
+        plain_tok_s = a["plain_tokens"] / a["plain_s"]
+        row = {**c, "plain_tok_s": plain_tok_s, "plain_vs_fastest": plain_tok_s / fastest_plain,
+               "agree_fp32": a["agree_fp32"], "runs": runs_count, "spec": {}, "break_even": {}}
+        for s in STEPS:  # cost model without the per-round overhead, in the fastest plain step
+            row["break_even"][s] = (s * c["draft_step"] + c["verify"][s + 1]) * c["plain_step_vs_fastest"]
+        for s in steps:
+            b = a[s]
+            tok_s = b["tokens"] / b["s"]
+            row["spec"][s] = {"accept_len": b["emitted"] / max(1, b["rounds"]), "tok_s": tok_s,
+                              "vs_own_plain": tok_s / plain_tok_s, "vs_fastest_plain": tok_s / fastest_plain,
+                              "identical": b["identical"]}
+        table[n] = row
+        log(f"[{n}] plain step x{c['plain_step_vs_fp32']:.2f} of float32 ({c['plain_step_seconds'] * 1e3:.1f} ms), "
+            f"verify(2/4/8/16) {c['verify'][2]:.2f}/{c['verify'][4]:.2f}/{c['verify'][8]:.2f}/{c['verify'][16]:.2f}, "
+            f"draft step {c['draft_step']:.3f}; break-even AL vs the fastest plain step: "
+            + ", ".join(f"S={s} {row['break_even'][s]:.2f}" for s in STEPS)
+            + f"; plain {plain_tok_s:.1f} tok/s (x{row['plain_vs_fastest']:.2f} of the fastest); "
+            + "; ".join(f"S={s} AL {v['accept_len']:.2f} x{v['vs_fastest_plain']:.2f} of the fastest plain, "
+                        f"identical {v['identical']}/{runs_count}" for s, v in row["spec"].items())
+            + f"; plain outputs = float32's {a['agree_fp32']}/{runs_count}")
+    return {"precisions": table, "fastest_plain": fastest_name, "fastest_plain_tok_s": fastest_plain,
+            "spec_steps": list(steps)}
+
+
+def precision_markdown(sweep: dict) -> list[str]:
+    names = list(sweep["precisions"])
+    steps = sweep["spec_steps"]
+    t = sweep["precisions"]
+    lines = ["## Precisions side by side (interleaved in this run)", "",
+             "Costs in the precision's own one-token step; the step itself vs float32. Break-even AL = "
+             "(S x draft step + verify(S+1)) x (step / fastest plain step): against the FASTEST plain decoding "
+             f"(`{sweep['fastest_plain']}`), without the per-round overhead.", "",
+             "| precision | 1-token step vs fp32 | verify 2 | 4 | 6 | 8 | 16 | drafter step | "
+             + " | ".join(f"break-even S={s}" for s in STEPS) + " |",
+             "|---|" + "---:|" * (7 + len(STEPS))]
+    for n in names:
+        r = t[n]
+        lines.append(f"| {n} | {r['plain_step_vs_fp32']:.2f} | " + " | ".join(f"{r['verify'][v]:.2f}" for v in (2, 4, 6, 8, 16))
+                     + f" | {r['draft_step']:.3f} | " + " | ".join(f"{r['break_even'][s]:.2f}" for s in STEPS) + " |")
+    lines += ["", "Decoding (greedy, end to end): tokens/s as a multiple of the fastest plain decoding; "
+              "`identical` = speculative output equals plain greedy output in the same precision; "
+              "`= fp32` = plain output equals float32 plain output.", "",
+              "| precision | plain | " + " | ".join(f"S={s} AL | S={s} speed | S={s} identical" for s in steps)
+              + " | plain = fp32 |", "|---|---:|" + "---:|---:|---:|" * len(steps) + "---:|"]
+    for n in names:
+        r = t[n]
+        lines.append(f"| {n} | {r['plain_vs_fastest']:.2f} | " + " | ".join(
+            f"{v['accept_len']:.2f} | **{v['vs_fastest_plain']:.2f}** | {v['identical']}/{r['runs']}"
+            for v in r["spec"].values()) + f" | {r['agree_fp32']}/{r['runs']} |")
+    return lines + [""]
+
+
 # ------------------------------------------------------------------------------- model, report
 
 
@@ -428,6 +603,11 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="cache of built models (default: $OSPREY_CACHE/live-bench)")
     ap.add_argument("--out", default="runs/live_bench", help="folder for live_bench.md / .png / .json")
     ap.add_argument("--cost-out", default=None, help="write the costs as an osprey-cost-model JSON file")
+    ap.add_argument("--precisions", default=None,
+                    help="comma list swept side by side, float32 first (default: float32,bfloat16,bf16-autocast on "
+                         "a CPU with bf16 matrix units, else float32 only; 'none' skips the sweep)")
+    ap.add_argument("--precision-only", action="store_true",
+                    help="only the precision sweep (skips the float32 harness / cost / speculative sections)")
     args = ap.parse_args()
     defaults = dict(draft_vocab=(128, 8192), distill_steps=(20, 150), train_prompts=(16, 64), store_tokens=(24, 48),
                     prompts=(3, 5), max_new_tokens=(24, 64), repeats=(3, 2), cost_repeats=(10, 15))
@@ -448,6 +628,15 @@ def main() -> None:
     from osprey_train.models import load_drafter
     from osprey_train.models.io import build_drafter
 
+    from osprey_data.target_model import PRECISIONS, cpu_bf16_capable
+
+    if args.precisions is None:
+        names = ["float32", "bfloat16", "bf16-autocast"] if cpu_bf16_capable() else ["float32"]
+    else:
+        names = [] if args.precisions == "none" else [n.strip() for n in args.precisions.split(",") if n.strip()]
+    bad = [n for n in names if n not in PRECISIONS or n == "auto"]
+    if bad or (names and names[0] != "float32"):
+        ap.error(f"--precisions: names from {PRECISIONS[1:]}, float32 first; got {args.precisions!r}")
     start = time.perf_counter()
     torch.set_num_threads(args.threads)
     work = Path(args.work) if args.work else cache_dir() / "live-bench"
@@ -486,8 +675,12 @@ def main() -> None:
     log(f"target {target_name}; drafter {drafter_dir} ({cfg.num_layers} layers, draft vocabulary "
         f"{cfg.draft_vocab_size} of {cfg.vocab_size}); {len(prompts)} prompts x {args.max_new_tokens} tokens; {device}")
 
-    plain = plain_section(args, model, target, prompts, eos)
     context = prompts[0] + plain_generate(target, prompts[0], max_new_tokens=args.max_new_tokens).output_ids
+    if args.precision_only:
+        precision_main(args, names, target_dir, target_name, drafter_dir, note, prompts, eos, context, out,
+                       device, start)
+        return
+    plain = plain_section(args, model, target, prompts, eos)
     costs = cost_section(args, target, session, full_session, context)
     spec = spec_section(args, target, session, prompts, eos, costs)
     overhead = statistics.median(v["overhead"] for v in spec.values())
@@ -528,7 +721,58 @@ def main() -> None:
         "speedup_e2e_s3": round(s3.get("speedup_e2e", float("nan")), 3),
         "setup_s": round(t_setup, 1), "seconds": round(time.perf_counter() - start, 1),
     }
+    if names:
+        sweep = precision_section(args, names, target_dir, drafter_dir, prompts, eos, context)
+        result.update(sweep_result(sweep))
+        with md.open("a", encoding="utf-8") as f:
+            f.write("\n".join(["", *precision_markdown(sweep)]))
+        doc = json.loads((out / "live_bench.json").read_text())
+        write_json(out / "live_bench.json", {**doc, "precisions": sweep})
     log(f"report {md}, plot {png}" + (f", cost model {args.cost_out}" if args.cost_out else ""))
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+def sweep_result(sweep: dict) -> dict:
+    """RESULT keys of the precision sweep: per precision the step vs float32, the break-even AL at
+    S = 3 against the fastest plain decoding, and S = 3 speed / fastest plain decoding."""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "bf16-autocast": "autocast"}
+    out: dict = {"fastest_plain": sweep["fastest_plain"]}
+    best = 0.0
+    for n, r in sweep["precisions"].items():
+        k = short[n]
+        out[f"{k}_step_vs_fp32"] = round(r["plain_step_vs_fp32"], 3)
+        out[f"{k}_break_even_s3"] = round(r["break_even"][3], 3)
+        if 3 in r["spec"]:
+            v = r["spec"][3]
+            out[f"{k}_al_s3"] = round(v["accept_len"], 3)
+            out[f"{k}_speedup_vs_fastest_s3"] = round(v["vs_fastest_plain"], 3)
+            out[f"{k}_identical_s3"] = f"{v['identical']}/{r['runs']}"
+            best = max(best, v["vs_fastest_plain"])
+        out[f"{k}_plain_eq_fp32"] = f"{r['agree_fp32']}/{r['runs']}"
+    out["best_speedup_vs_fastest_plain_s3"] = round(best, 3)
+    out["best_break_even_s3"] = round(min(r["break_even"][3] for r in sweep["precisions"].values()), 3)
+    return out
+
+
+def precision_main(args, names, target_dir, target_name, drafter_dir, note, prompts, eos, context, out: Path,
+                   device: str, start: float) -> None:
+    """``--precision-only``: the sweep alone, with its own report and RESULT line."""
+    from osprey_data.atomic import write_json
+
+    if not names:
+        raise SystemExit("--precision-only needs --precisions")
+    sweep = precision_section(args, names, target_dir, drafter_dir, prompts, eos, context)
+    load = round(os.getloadavg()[0], 1)
+    command = "python benchmarks/live_bench.py " + " ".join(sys.argv[1:])
+    md = out / "live_bench_precision.md"
+    md.write_text("\n".join([f"# Live speculative decoding per precision ({target_name})", "", f"`{command}`", "",
+                             f"Device: {device}; load average {load}; drafter: {drafter_dir} ({note}); "
+                             f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.spec_repeats} repeat(s).",
+                             "", *precision_markdown(sweep)]), encoding="utf-8")
+    write_json(out / "live_bench_precision.json", {"load_avg": load, "device": device, "precisions": sweep})
+    result = {"model": target_name.split(" ")[0], "threads": args.threads, "load_avg": load, **sweep_result(sweep),
+              "seconds": round(time.perf_counter() - start, 1)}
+    log(f"report {md}")
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
 
 

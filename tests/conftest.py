@@ -8,6 +8,11 @@ import pytest
 
 from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer
 
+# precision "auto" must mean the same on every CI machine: float32, as on a CPU without bf16
+# matrix units (set before anything runs, so that subprocesses inherit it; tests of the bf16
+# paths name their precision or mock the detection; OSPREY_CPU_BF16=1 runs the suite the other way)
+os.environ.setdefault("OSPREY_CPU_BF16", "0")
+
 # Tests must never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -25,7 +25,7 @@ __all__ = ["BuildConfig", "BACKEND_NAMES", "CONTENT_FIELDS", "OVERFLOW_POLICIES"
 BACKEND_NAMES = ("hf", "sglang")
 OVERFLOW_POLICIES = ("truncate", "skip")
 ON_ERROR_POLICIES = ("raise", "skip")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "bf16-autocast")  # = target_model.PRECISIONS
 
 # Settings that change the bytes of a store: part of the header, refused when they change.
 CONTENT_FIELDS = (
@@ -83,7 +83,10 @@ class BuildConfig:
     device: str = "auto"
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (under torchrun: ``cuda:LOCAL_RANK``)."""
     dtype: str = field(default="auto", metadata={"choices": DTYPES})
-    """Target weights dtype: ``auto`` is float32 on CPU and bfloat16 on CUDA."""
+    """Target precision (``osprey_data.target_model.precision``): weights dtype, or ``bf16-autocast``
+    (float32 weights, bf16 matmuls); ``auto`` is bfloat16 on CUDA and on a CPU with bf16 matrix
+    units (AMX/AVX512-BF16; prepacked linears), float32 on other CPUs. The store header records
+    the resolved name."""
     num_workers: int | None = None
     """Total independent workers writing this store (default: WORLD_SIZE or 1)."""
     worker_index: int | None = None

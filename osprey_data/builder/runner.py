@@ -135,7 +135,9 @@ def make_header(config: BuildConfig, backend: TargetBackend):
     else:
         taps = default_tap_layers(identity.num_layers)
     build_config = config.content_settings()
-    build_config["dtype"] = identity.dtype  # "auto" resolved: the dtype actually used
+    # "auto" resolved: the precision the target actually ran in (bf16-autocast has float32 weights)
+    precision = getattr(backend, "precision", None)
+    build_config["dtype"] = precision.name if precision is not None else identity.dtype
     build_config["layers"] = list(taps.layer_ids)
     build_config["sequence_layout"] = SEQUENCE_LAYOUT
     template_hash = chat_template_hash(backend.tokenizer)

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 
 from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, stop_token_ids
-from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device
+from osprey_data.errors import ConfigError
+from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device, resolve_precision
 from osprey_train.evaluation.cpu_threads import torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
@@ -48,8 +49,13 @@ def run(config: LiveConfig) -> LiveReport:
 def _run(config: LiveConfig) -> LiveReport:
     device = resolve_device(config.device)
     samples = list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
-    drafter = load_drafter(config.drafter, device=device)
-    model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device)
+    precision = resolve_precision(config.precision, device, what="live: --precision")
+    draft_precision = precision if config.draft_precision is None else \
+        resolve_precision(config.draft_precision, device, what="live: --draft-precision")
+    drafter = draft_precision.prepare(load_drafter(config.drafter, device=device))
+    model, tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file, device=device,
+                                      dtype=precision.weights)
+    precision.prepare(model)
     check_compatible(drafter.config, identify_target(model, tokenizer, config.target),
                      where=f"live: drafter {config.drafter} on target {config.target}",
                      check_identity=not config.allow_target_mismatch,
@@ -69,16 +75,24 @@ def _run(config: LiveConfig) -> LiveReport:
         check_tree_target(target)
         session = TreeDrafterSession(drafter, kv=config.draft_kv, target_vocab_size=vocab, tap_codec=config.tap_codec)
 
+    # one autocast region for both models: a bf16-autocast drafter under a float32 target (or the
+    # reverse) is not offered, as autocast cannot be scoped to one model's forward cheaply
+    if precision.autocast != draft_precision.autocast:
+        raise ConfigError("live: bf16-autocast must be the precision of both the target and the drafter, or of "
+                          "neither")
+
     def spec(p: LivePrompt, n: int):
-        if config.tree is not None:
-            return tree_speculative_generate(target, session, p.prompt_ids, shape=config.tree, max_new_tokens=n,
-                                             eos_ids=eos)
-        return speculative_generate(target, session, p.prompt_ids, num_steps=config.steps, max_new_tokens=n,
-                                    temperature=config.temperature, eos_ids=eos, generator=spec_gen)
+        with precision.context():
+            if config.tree is not None:
+                return tree_speculative_generate(target, session, p.prompt_ids, shape=config.tree,
+                                                 max_new_tokens=n, eos_ids=eos)
+            return speculative_generate(target, session, p.prompt_ids, num_steps=config.steps, max_new_tokens=n,
+                                        temperature=config.temperature, eos_ids=eos, generator=spec_gen)
 
     def plain(p: LivePrompt, n: int):
-        return plain_generate(target, p.prompt_ids, max_new_tokens=n, temperature=config.temperature,
-                              eos_ids=eos, generator=plain_gen)
+        with precision.context():
+            return plain_generate(target, p.prompt_ids, max_new_tokens=n, temperature=config.temperature,
+                                  eos_ids=eos, generator=plain_gen)
 
     # warm-up (first-call allocations and kernel selection would otherwise bias the first timing);
     # S + 2 tokens: the prefill's token, then one round of S drafts + the target's token
@@ -104,6 +118,7 @@ def _run(config: LiveConfig) -> LiveReport:
                         "identical": identical, "finish_reason": res.finish_reason})
     report = summarize(samples, steps=steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
+    report.precision = {"target": precision.name, "drafter": draft_precision.name}
     if config.tree is not None:
         report.tree = {**config.tree.to_dict(), "kv": config.draft_kv}
     if config.out:

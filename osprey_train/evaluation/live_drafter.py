@@ -54,6 +54,7 @@ class DrafterSession:
         self.drafter = drafter.eval()
         self.config = drafter.config
         self.device = next(drafter.parameters()).device
+        self.dtype = next(drafter.parameters()).dtype  # a bf16 drafter (--precision) reads bf16 taps
         self.target_vocab_size = int(target_vocab_size or self.config.vocab_size)
         d2t = drafter.draft_to_target
         if d2t is not None and int(d2t.max()) >= self.target_vocab_size:
@@ -79,7 +80,7 @@ class DrafterSession:
                              f"(positions {self.slots} .. {last_slot} of {len(ids)} committed tokens)")
         if self.codec is not None:
             taps = torch.from_numpy(self.codec.decode(self.codec.encode(taps.detach().float().cpu())))
-        taps = taps.to(self.device)
+        taps = taps.to(self.device, self.dtype)
         input_ids_BT = torch.tensor([list(ids[self.slots + 1: last_slot + 2])], dtype=torch.long,
                                     device=self.device)
         position_ids_BT = torch.arange(self.slots, last_slot + 1, device=self.device)[None]

@@ -46,6 +46,8 @@ class LiveReport:
     """Per prompt: id, domain, tokens, verify_steps, accept_lengths, identical."""
     target: str = ""
     drafter: str = ""
+    precision: dict[str, str] = field(default_factory=dict)
+    """The precisions the run used: ``{"target": ..., "drafter": ...}`` (``auto`` resolved)."""
     tree: dict | None = None
     """Tree drafting: ``{steps, topk, num_draft_tokens, kv}``; None = chain drafting of ``steps``."""
 
@@ -76,7 +78,9 @@ class LiveReport:
             f"num_draft_tokens={self.tree['num_draft_tokens']}")
         lines = [
             f"Live speculative decoding: {self.num_prompts} prompts, {how}, "
-            f"temperature={self.temperature:g}",
+            f"temperature={self.temperature:g}"
+            + (f", precision target={self.precision.get('target')} drafter={self.precision.get('drafter')}"
+               if self.precision else ""),
             "",
             "| domain | prompts | tokens | from verify rounds | verify rounds | acceptance length |",
             "|---|---:|---:|---:|---:|---:|",

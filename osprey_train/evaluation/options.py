@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from osprey_data.builder.config import DTYPES as PRECISIONS   # = target_model.PRECISIONS, free of torch
 from osprey_data.errors import ConfigError
 from osprey_train.evaluation.tree_shape import TreeShape
 
@@ -111,6 +112,11 @@ class LiveConfig:
     """Optional JSON file to write the full report to."""
     threads: int | None = None
     """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
+    precision: str = field(default="auto", metadata={"choices": PRECISIONS})
+    """Target precision: 'float32', 'bfloat16' (prepacked bf16 linears on CPU), 'bf16-autocast' (float32
+    weights, bf16 matmuls) or 'auto' (bfloat16 on CUDA or a CPU with AMX/AVX512-BF16, else float32)."""
+    draft_precision: str | None = field(default=None, metadata={"choices": PRECISIONS})
+    """The drafter's precision (same names); None = the target's."""
     progress: bool = field(default=True, metadata={"cli": False})
     """Show a tqdm progress bar."""
 
@@ -135,6 +141,10 @@ class LiveConfig:
             raise ConfigError(f"live: --limit must be >= 1, got {self.limit}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"live: --threads must be >= 1, got {self.threads}")
+        for name in ("precision", "draft_precision"):
+            value = getattr(self, name)
+            if value is not None and value not in PRECISIONS:
+                raise ConfigError(f"live: --{name.replace('_', '-')} must be one of {PRECISIONS}, got {value!r}")
         if self.tap_codec is not None and self.tap_codec not in TAP_CODECS:
             raise ConfigError(f"live: --tap-codec must be 'bf16' or 'fp8', got {self.tap_codec!r}")
         if not Path(self.drafter).is_dir():

@@ -19,10 +19,12 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["OptimConfig", "LoopConfig", "SCHEDULE_NAMES", "DISTRIBUTED_MODES", "config_json"]
+__all__ = ["OptimConfig", "LoopConfig", "SCHEDULE_NAMES", "DISTRIBUTED_MODES", "TRAIN_PRECISIONS", "config_json"]
 
 SCHEDULE_NAMES: tuple[str, ...] = ("cosine", "linear", "constant")
 DISTRIBUTED_MODES: tuple[str, ...] = ("auto", "none", "ddp", "fsdp")
+# = osprey_data.target_model.TRAIN_PRECISIONS (that package imports torch-using modules; a test checks)
+TRAIN_PRECISIONS: tuple[str, ...] = ("auto", "float32", "bf16-autocast")
 
 
 def _check(cond: bool, message: str) -> None:
@@ -101,6 +103,10 @@ class LoopConfig:
     scheduler or script that reruns one command until it finishes)."""
     distributed: str = field(default="auto", metadata={"choices": DISTRIBUTED_MODES, "operational": True})
     """``auto`` (DDP when launched by torchrun with >1 process), ``none``, ``ddp`` or ``fsdp``."""
+    precision: str = field(default="auto", metadata={"choices": TRAIN_PRECISIONS})
+    """``float32``, or ``bf16-autocast`` (float32 weights and optimizer, bf16 matmuls in forward and
+    backward); ``auto`` is bf16-autocast on CUDA and on a CPU with bf16 matrix units (AMX/AVX512-BF16),
+    float32 otherwise. The resolved name is recorded in the trainer state."""
     gradient_checkpointing: bool = field(default=False, metadata={"operational": True})
     """Trade compute for memory: HF ``gradient_checkpointing_enable`` or the task's hook."""
     progress: bool = field(default=True, metadata={"operational": True})
@@ -130,6 +136,8 @@ class LoopConfig:
         _check(self.log_every >= 1, f"LoopConfig.log_every must be >= 1, got {self.log_every}")
         _check(self.distributed in DISTRIBUTED_MODES,
                f"LoopConfig.distributed must be one of {DISTRIBUTED_MODES}, got {self.distributed!r}")
+        _check(self.precision in TRAIN_PRECISIONS,
+               f"LoopConfig.precision must be one of {TRAIN_PRECISIONS}, got {self.precision!r}")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                f"LoopConfig.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -2,7 +2,8 @@
 
 A stage describes WHAT to train through a :class:`TrainTask` (model, deterministic batches,
 loss, evaluation, saving); :func:`train` does the rest: seeding, device and DDP/FSDP setup,
-AdamW + schedule, gradient accumulation and clipping, bf16 autocast on CUDA (fp32 on CPU),
+AdamW + schedule, gradient accumulation and clipping, bf16 autocast (``LoopConfig.precision``:
+by default on CUDA and on CPUs with bf16 matrix units, float32 elsewhere),
 periodic evaluation, atomic checkpoints and exact resume, metrics.jsonl + metrics.png, and a
 tqdm bar with tokens/s.
 
@@ -42,6 +43,7 @@ from tqdm.auto import tqdm
 from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError, ConfigError, Interrupted, TrainingDivergedError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
+from osprey_data.target_model import resolve_precision
 from osprey_train.trainer.checkpoint import latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint
 from osprey_train.trainer.config import LoopConfig, OptimConfig
 from osprey_train.trainer.distributed import (
@@ -102,6 +104,8 @@ class TrainResult:
     """Training throughput of this invocation (all ranks; excludes eval and checkpoint time)."""
     train_s: float = 0.0
     """Seconds spent in training steps in this invocation."""
+    precision: str = ""
+    """The precision the run trained in (``LoopConfig.precision`` with ``auto`` resolved)."""
     wall_s: float = 0.0
     """Total seconds of this invocation."""
     metrics_path: Path | None = None
@@ -130,14 +134,6 @@ def _to_device(obj: Any, device: torch.device) -> Any:
     if hasattr(obj, "to") and callable(obj.to) and not isinstance(obj, nn.Module):
         return obj.to(device)
     return obj
-
-
-def _autocast(device: torch.device):
-    # bf16 autocast on CUDA (the paper's setting); fp32 on CPU, where bf16 matmuls are slow
-    # and would break the bit-exact CPU resume tests.
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def _enable_gradient_checkpointing(task: Any, model: nn.Module) -> None:
@@ -225,6 +221,8 @@ class _Trainer:
                  stop: GracefulStop) -> None:
         self.task, self.loop, self.optim, self.ctx, self.stop = task, loop, optim, ctx, stop
         self.ckpt_root = loop.out_dir / "checkpoints"
+        self.precision = resolve_precision(loop.precision, str(ctx.device), training=True,
+                                           what="LoopConfig.precision")
 
     # -- setup --
     def _build(self) -> None:
@@ -266,7 +264,7 @@ class _Trainer:
             return {}
         self.inner.eval()
         try:
-            with torch.no_grad(), _autocast(self.ctx.device):
+            with torch.no_grad(), self.precision.context():
                 result = {k: float(v) for k, v in (self.task.evaluate(self.inner) or {}).items()}
         finally:
             self.inner.train()
@@ -304,7 +302,7 @@ class _Trainer:
 
     def _save(self, step: int, last_train: dict[str, float]) -> Path:
         state = dict(self._identity())
-        state.update({"tokens_seen": self.tokens_seen, "last_metrics": last_train,
+        state.update({"tokens_seen": self.tokens_seen, "last_metrics": last_train, "precision": self.precision.name,
                       "extra": dict(self.loop.extra)})
         return save_checkpoint(self.ckpt_root, step, self.model, self.optimizer, state, self.ctx,
                                keep=self.loop.keep_checkpoints)
@@ -367,7 +365,7 @@ class _Trainer:
         self.log = MetricsLog(loop.out_dir, enabled=ctx.is_main, resume_step=start if resumed_from else None,
                               perplexity_of=getattr(self.task, "perplexity_of", None))
         result = TrainResult(step=start, out_dir=loop.out_dir, final_dir=None, checkpoint=resumed_from,
-                             resumed_from=resumed_from, metrics_path=self.log.path)
+                             resumed_from=resumed_from, metrics_path=self.log.path, precision=self.precision.name)
         if loop.eval_at_start and start == 0:
             ev = self._evaluate(0)
             if ev:
@@ -391,7 +389,7 @@ class _Trainer:
                     set_lr(self.optimizer, lr)
                     for micro in range(accum):
                         batch = _to_device(self.task.batch(step, micro, ctx.rank, ctx.world_size), ctx.device)
-                        with no_sync(self.model, micro < accum - 1), _autocast(ctx.device):
+                        with no_sync(self.model, micro < accum - 1), self.precision.context():
                             loss, metrics = self.task.loss(self.model, batch)
                         (loss / accum).backward()
                         acc.add_micro(loss, metrics)

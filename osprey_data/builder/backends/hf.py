@@ -27,7 +27,8 @@ from osprey_data.builder.backends.base import (
 )
 from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import ConfigError, ModelError
-from osprey_data.target_model import TapCapture, decoder_layers, identify_target, load_hf_target, resolve_device, text_config
+from osprey_data.target_model import (TapCapture, decoder_layers, identify_target, load_hf_target, resolve_device,
+                                      resolve_precision, text_config)
 
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
@@ -37,14 +38,12 @@ __all__ = ["HFBackend", "resolve_dtype", "decoder_layers", "sample_next"]
 # Upper bound on the float32 logits materialized at once (elements), ~256 MB.
 _LOGITS_BUDGET = 1 << 26
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """``auto`` is float32 on CPU (bf16 matmuls are slow there) and bfloat16 on accelerators."""
-    if name == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    return _DTYPES[name]
+    """The weights dtype of ``--dtype name`` on ``device`` (:func:`resolve_precision`: ``auto`` is
+    bfloat16 on accelerators and on CPUs with bf16 matrix units, float32 on other CPUs)."""
+    return resolve_precision(name, device, what="--dtype").weights
 
 
 def sample_next(logits_BV: torch.Tensor, params: SamplingParams,
@@ -75,9 +74,11 @@ class HFBackend(TargetBackend):
 
     def __init__(self, config: "BuildConfig") -> None:
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.precision = resolve_precision(config.dtype, self.device, what="--dtype")
+        self.dtype = self.precision.weights
         self.model, self.tokenizer = load_hf_target(config.target, gguf_file=config.gguf_file,
                                                     device=self.device, dtype=self.dtype)
+        self.precision.prepare(self.model)  # bf16 on CPU: prepacked linears (decode steps are GEMVs)
         self.identity = identify_target(self.model, self.tokenizer, config.target)
         self.stop_ids = stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         pad = self.tokenizer.pad_token_id
@@ -113,9 +114,10 @@ class HFBackend(TargetBackend):
         """Our chunked head must reproduce the model's own logits (guards unknown post-processing)."""
         vocab = self.identity.vocab_size
         ids_BT = (torch.arange(8, device=self.device) * 7919 % vocab).unsqueeze(0)
-        ref_BTV = self.model(input_ids=ids_BT, use_cache=False).logits.float()
-        ours_TV = self._head(self.base(input_ids=ids_BT, use_cache=False).last_hidden_state[0])
-        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        with self.precision.context():
+            ref_BTV = self.model(input_ids=ids_BT, use_cache=False).logits.float()
+            ours_TV = self._head(self.base(input_ids=ids_BT, use_cache=False).last_hidden_state[0])
+        tol = 1e-3 if self.precision.name == "float32" else 5e-2
         err = (ours_TV - ref_BTV[0]).abs().max().item()
         if not err <= tol * max(1.0, ref_BTV.abs().max().item()):
             raise ModelError(f"{type(self.model).__name__}: logits from the output head differ from the "
@@ -136,9 +138,14 @@ class HFBackend(TargetBackend):
         cache = getattr(out, "cache", None)
         return cache if cache is not None else getattr(out, "past_key_values", None)
 
-    @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
                  on_step: StepCallback | None = None) -> list[GenerationResult]:
+        with self.precision.context():
+            return self._generate(requests, params, on_step=on_step)
+
+    @torch.inference_mode()
+    def _generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
+                  on_step: StepCallback | None = None) -> list[GenerationResult]:
         if not requests:
             return []
         B = len(requests)
@@ -196,9 +203,14 @@ class HFBackend(TargetBackend):
 
     # --- features -----------------------------------------------------------------------------
 
-    @torch.no_grad()  # not inference_mode: returned tensors must be ordinary (writable) tensors
     def features(self, sequences: list[np.ndarray], *, taps: tuple[int, ...], topk: int,
                  final_hidden: bool) -> list[SequenceFeatures]:
+        with self.precision.context():
+            return self._features(sequences, taps=taps, topk=topk, final_hidden=final_hidden)
+
+    @torch.no_grad()  # not inference_mode: returned tensors must be ordinary (writable) tensors
+    def _features(self, sequences: list[np.ndarray], *, taps: tuple[int, ...], topk: int,
+                  final_hidden: bool) -> list[SequenceFeatures]:
         if not sequences:
             return []
         capture = TapCapture(self.model, taps, layers=self.layers)

@@ -87,6 +87,7 @@ class SGLangBackend(TargetBackend):
         self._prefill = HFBackend(config)
         self.tokenizer = self._prefill.tokenizer
         self.identity = self._prefill.identity
+        self.precision = self._prefill.precision  # what the header records
         self.stop_ids = self._prefill.stop_ids
         gpu = int(str(self._prefill.device).split(":")[1]) if ":" in str(self._prefill.device) else 0
         dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[self.identity.dtype]

@@ -33,6 +33,20 @@ def config(model_dir, inputs, out, **kw) -> BuildConfig:
     return BuildConfig(**base)
 
 
+@pytest.mark.parametrize("dtype", ["bf16-autocast", "bfloat16"])
+def test_store_header_records_the_precision_the_target_ran_in(tiny_llama_dir, prompts_file, tmp_path, dtype):
+    from osprey_data.target_model import precision as prec
+
+    if dtype == "bfloat16" and not {"amx_bf16", "avx512_bf16"} & prec._cpu_flags():
+        pytest.skip("prepacked bf16 linears need a CPU with bf16 matrix instructions")
+    store = tmp_path / "s"
+    run(config(tiny_llama_dir, [prompts_file], store, dtype=dtype, limit=2))
+    header = StoreReader(str(store)).header
+    assert header.build_config["dtype"] == dtype
+    assert header.target.dtype == ("bfloat16" if dtype == "bfloat16" else "float32")  # the weights
+    assert validate_store(str(store)).problems == []
+
+
 def journal_errors(store: Path) -> list[dict]:
     out = []
     for f in sorted((store / "workers").glob("*.json")):

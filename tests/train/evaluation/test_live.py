@@ -55,7 +55,8 @@ def test_offline_acceptance_equals_live_greedy(live_setup):
     # the plain store: it holds exactly the ids the target generated (stop token included)
     reader = StoreReader(str(live_setup["store"]))
     offline = evaluate_acceptance(load_drafter(live_setup["drafter"]), reader, steps=STEPS, progress=False)
-    live = run(_config(live_setup, tap_codec="bf16", baseline=False))  # the store keeps taps as bf16
+    # the store keeps taps as bf16; the store's target ran in float32
+    live = run(_config(live_setup, tap_codec="bf16", baseline=False, precision="float32"))
     by_id = {s["id"]: s for s in live.samples}
     assert offline.num_samples == live.num_prompts
     assert offline.num_tokens == live.verify_tokens == live.spec_tokens - live.num_prompts
@@ -69,6 +70,32 @@ def test_offline_acceptance_equals_live_greedy(live_setup):
     assert live.acceptance_length > 1.0 and 0 < live.per_position[0] < 1
     # a greedy store passes the integrity check: stored top-1 = next stored token everywhere
     assert offline.greedy_consistency == 1.0 and not offline.proxy
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "bf16-autocast"])
+def test_live_in_bf16_is_lossless_and_records_its_precision(live_setup, precision):
+    """Greedy speculative decoding equals plain greedy decoding in the same precision."""
+    from osprey_data.target_model import precision as prec
+
+    if precision == "bfloat16" and not {"amx_bf16", "avx512_bf16"} & prec._cpu_flags():
+        pytest.skip("prepacked bf16 linears need a CPU with bf16 matrix instructions")
+    report = run(_config(live_setup, precision=precision, limit=3))
+    assert report.precision == {"target": precision, "drafter": precision}
+    assert report.greedy_identical == report.num_prompts
+    assert f"precision target={precision}" in report.to_markdown()
+
+
+def test_live_precision_auto_follows_the_cpu(live_setup, monkeypatch):
+    from osprey_data.target_model import precision as prec
+
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
+    monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset({"avx2"}))
+    report = run(_config(live_setup, limit=1, baseline=False))
+    assert report.precision == {"target": "float32", "drafter": "float32"}
+    with pytest.raises(ConfigError, match="--precision"):
+        _config(live_setup, precision="int8")
+    with pytest.raises(ConfigError, match="bf16-autocast"):
+        run(_config(live_setup, precision="float32", draft_precision="bf16-autocast", limit=1))
 
 
 def test_limit_is_round_robin_over_domains(live_setup, tiny_tokenizer):

@@ -17,8 +17,9 @@ from tests.train.trainer.toy import Crash, ToyTask
 
 
 def _loop(out, **kw):
+    # float32 pinned: these tests check float32 arithmetic (accumulation, bit-exact resume)
     base = dict(out_dir=out, max_steps=10, log_every=1, save_every=5, eval_every=5, progress=False, device="cpu",
-                distributed="none", keep_checkpoints=0, plot=False)
+                distributed="none", keep_checkpoints=0, plot=False, precision="float32")
     base.update(kw)
     return LoopConfig(**base)
 
@@ -207,8 +208,8 @@ def test_cpu_trains_in_fp32(tmp_path):
             dtypes.append(model(batch["ids"][:, :-1]).dtype)
             return super().loss(model, batch)
 
-    train(Probe(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
-    assert dtypes == [torch.float32, torch.float32]
+    result = train(Probe(), _loop(tmp_path, max_steps=2, save_every=0, eval_every=0), OPTIM)
+    assert dtypes == [torch.float32, torch.float32] and result.precision == "float32"
 
 
 def test_metrics_plot_marks_short_runs_and_never_exponentiates_a_non_cross_entropy():
@@ -230,3 +231,34 @@ def test_metrics_plot_marks_short_runs_and_never_exponentiates_a_non_cross_entro
     (ppl,) = fig.axes[1].get_lines()
     assert ppl.get_ydata()[0] == pytest.approx(2.718281828) and fig.axes[1].get_yscale() == "log"
     plt.close(fig)
+
+
+def test_cpu_bf16_autocast_keeps_fp32_master_weights_and_records_it(tmp_path):
+    from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
+
+    dtypes = []
+
+    class Probe(ToyTask):
+        def loss(self, model, batch):
+            dtypes.append(model(batch["ids"][:, :-1]).dtype)
+            return super().loss(model, batch)
+
+    result = train(Probe(), _loop(tmp_path, max_steps=2, save_every=2, eval_every=0, precision="bf16-autocast"),
+                   OPTIM)
+    assert dtypes == [torch.bfloat16, torch.bfloat16] and result.precision == "bf16-autocast"
+    assert _weights(result)["head.weight"].dtype == torch.float32
+    assert read_trainer_state(latest_checkpoint(tmp_path / "checkpoints"))["precision"] == "bf16-autocast"
+
+
+@pytest.mark.parametrize("flags, expected", [({"amx_bf16"}, "bf16-autocast"), ({"avx2"}, "float32")])
+def test_auto_precision_follows_the_cpu(tmp_path, monkeypatch, flags, expected):
+    from osprey_data.target_model import TRAIN_PRECISIONS
+    from osprey_data.target_model import precision as prec
+    from osprey_train.trainer.config import TRAIN_PRECISIONS as LOOP_PRECISIONS
+
+    assert LOOP_PRECISIONS == TRAIN_PRECISIONS
+    monkeypatch.delenv(prec.CAPABILITY_ENV, raising=False)
+    monkeypatch.setattr(prec, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(prec, "_mkldnn_bf16_supported", lambda: True)
+    result = train(ToyTask(), _loop(tmp_path, max_steps=1, save_every=0, eval_every=0, precision="auto"), OPTIM)
+    assert result.precision == expected
