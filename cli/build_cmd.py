@@ -53,6 +53,9 @@ def parse_layers(value: str | None) -> tuple[int, ...] | None:
 @click.option("--shard-max-tokens", type=int, default=65536, show_default=True,
               help="Tokens per store shard, the unit of commit (an interrupted build commits a shorter one).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="Target precision: auto is float32 on CPU and bfloat16 on CUDA for --backend "
+              "hf; bfloat16 for --backend sglang on CPU (its only precision there).")
 @click.option("--num-workers", type=int, default=None, help="Independent workers (default WORLD_SIZE or 1).")
 @click.option("--worker-index", type=int, default=None, help="This worker's index (default RANK or 0).")
 @click.option("--gguf-file", default=None, help="GGUF file inside the --target folder.")
@@ -60,7 +63,7 @@ def parse_layers(value: str | None) -> tuple[int, ...] | None:
               help="Replace an existing --out (a store or any other folder) with a new store.")
 def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature, top_p, seed,
           last_turn_only, layers, topk, hidden_codec, final_hidden, max_length, overflow, on_error,
-          limit, batch_size, shard_max_tokens, device, num_workers, worker_index, gguf_file, overwrite) -> None:
+          limit, batch_size, shard_max_tokens, device, dtype, num_workers, worker_index, gguf_file, overwrite) -> None:
     """Run TARGET over conversations; write responses, tapped hidden states and top-k log-probs.
 
     Rerun the same command to resume. Ctrl-C (or SIGTERM) stops after committing every finished
@@ -80,7 +83,7 @@ def build(target, inputs, out, backend, regenerate, max_new_tokens, temperature,
         last_turn_only=last_turn_only, layers=parse_layers(layers), topk=topk,
         hidden_codec=hidden_codec, final_hidden=final_hidden, max_length=max_length,
         overflow=overflow, on_error=on_error, limit=limit, batch_size=batch_size,
-        shard_max_tokens=shard_max_tokens, device=device, num_workers=num_workers, worker_index=worker_index,
+        shard_max_tokens=shard_max_tokens, device=device, dtype=dtype, num_workers=num_workers, worker_index=worker_index,
         gguf_file=gguf_file, overwrite=overwrite,
     )
     summary = run(config)
