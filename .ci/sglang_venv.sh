@@ -22,6 +22,10 @@ py="$venv/bin/python"
 reqs="$venv/sglang-cpu-requirements.txt"
 grep -v '^tokenizers==' "$wheels/sglang-cpu-requirements.txt" > "$reqs"
 "$py" -m pip install -q -r "$reqs" triton==3.8.0
+# Imported at engine start but missing from the rig's list (sglang-cpu's metadata names them);
+# transformers and torch held where they are.
+printf 'transformers==5.12.1\ntorch==2.13.0\n' > "$venv/pins.txt"
+"$py" -m pip install -q -c "$venv/pins.txt" xgrammar==0.2.1 compressed-tensors tabulate
 "$py" -m pip install -q --no-deps torchvision==0.28.0
 tv_dir="$("$py" -c 'import os, torchvision; print(os.path.dirname(torchvision.__file__))' 2>/dev/null \
   || "$py" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torchvision").origin))')"
