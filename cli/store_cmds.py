@@ -1,4 +1,4 @@
-"""``osprey data validate | inspect | merge``: feature-store maintenance commands.
+"""``osprey data validate | inspect | merge | verify``: feature-store maintenance commands.
 
 Each command parses its options into a typed config and calls one ``run`` function; store
 problems become a readable report (validate) or one-line error (others) and a non-zero exit.
@@ -13,7 +13,7 @@ import click
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["validate", "inspect", "merge", "ValidateConfig", "InspectConfig", "MergeConfig",
+__all__ = ["validate", "inspect", "merge", "verify", "ValidateConfig", "InspectConfig", "MergeConfig",
            "run_validate", "run_inspect", "run_merge"]
 
 
@@ -144,3 +144,44 @@ def merge(store: str, storage_option: tuple[str, ...]) -> None:
       osprey data merge stores/train
     """
     run_merge(MergeConfig(store=store, storage_options=_storage_options(storage_option)))
+
+
+@click.command("verify")
+@click.argument("store")
+@click.option("--recompute", "recompute", type=int, default=8, show_default=True, metavar="N",
+              help="Recompute N samples drawn at random (seeded); all of them if the store has fewer.")
+@click.option("--samples", "samples", multiple=True, metavar="ID[,ID...]",
+              help="Recompute these sample ids instead (repeatable or comma-separated).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random draw.")
+@click.option("--target", default=None, help="Target model folder (default: the store header's target).")
+@click.option("--gguf-file", default=None, help="GGUF file inside the --target folder.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Recompute dtype (default: the dtype the store was built in).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_so
+def verify(store: str, recompute: int, samples: tuple[str, ...], seed: int, target: str | None,
+           gguf_file: str | None, device: str, dtype: str | None, as_json: bool,
+           storage_option: tuple[str, ...]) -> None:
+    """Recompute samples of STORE with its target and compare the stored features.
+
+    A teacher-forced prefill of each chosen sample's stored token ids, one sequence at a time,
+    gives the reference taps, top-k log-probs and final hidden state; a store built with the
+    wrong taps, padding, batch handling or target differs from it beyond the codec's error.
+    Prints one row per sample and a verdict. Exit codes: 0 pass, 1 some samples differ (named),
+    2 no store, a bad option or a target that is not the store's.
+
+    \b
+    Example:
+      osprey data verify stores/train --recompute 16
+      osprey data verify s3://bucket/stores/train --samples a1b2,c3d4 --target models/smollm2
+    """
+    from osprey_data.builder.verify import VerifyConfig, run
+
+    ids = tuple(s for group in samples for s in group.split(",") if s)
+    report = run(VerifyConfig(store=store, recompute=recompute, samples=ids, seed=seed, target=target,
+                              gguf_file=gguf_file, device=device, dtype=dtype,
+                              storage_options=_storage_options(storage_option)))
+    click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.format())
+    if not report.ok:
+        raise SystemExit(1)

@@ -32,11 +32,13 @@ def pytest_collection_modifyitems(config, items):
     # Interop tests need the speculators package, which lives in its own environment (its pins
     # differ from ours): they run only when the -m expression names them (`pytest -m interop`),
     # and there they fail rather than skip when the package is missing.
-    if "interop" not in (config.getoption("markexpr") or ""):
-        interop = [item for item in items if "interop" in item.keywords]
-        if interop:
-            config.hook.pytest_deselected(items=interop)
-            items[:] = [item for item in items if "interop" not in item.keywords]
+    # The same for the SGLang engine tests (its venv: .ci/sglang_venv.sh): `pytest -m sglang_cpu`.
+    for marker in ("interop", "sglang_cpu"):
+        if marker not in (config.getoption("markexpr") or ""):
+            chosen = [item for item in items if marker in item.keywords]
+            if chosen:
+                config.hook.pytest_deselected(items=chosen)
+                items[:] = [item for item in items if marker not in item.keywords]
 
 
 @pytest.fixture(scope="session")

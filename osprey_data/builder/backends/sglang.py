@@ -1,4 +1,4 @@
-"""SGLang backend: SGLang's offline ``Engine`` generates; features come from a prefill on the GPU.
+"""SGLang backend: SGLang's offline ``Engine`` generates; features come from an HF prefill on the same device.
 
 Regeneration dominates a build's cost (hundreds of sequential decode steps per sample), and that
 is what SGLang's continuous batching, paged KV cache and CUDA graphs make fast. The engine is
@@ -17,12 +17,13 @@ patching SGLang internals that change from release to release. A prefill is comp
 costs about one decode step per token, so this split keeps the store identical between backends
 (one contract test) at a small cost.
 
-What is verified: nothing here has run — SGLang is not installed on the development machines
-and needs CUDA. The API used (``sglang.Engine(model_path=..., skip_tokenizer_init=True,
-random_seed=..., mem_fraction_static=...)``, ``Engine.generate(input_ids=..., sampling_params=
-[{"max_new_tokens", "temperature", "top_p", "stop_token_ids", "sampling_seed"}])`` returning
-``output_ids`` and ``meta_info["finish_reason"]["type"]``, ``Engine.shutdown()``) was read from
-SGLang's source and docs. The ``gpu``/``sglang``-marked contract test checks it where both exist.
+What is verified: on CPU, with the SGLang CPU rig (``.ci/sglang_venv.sh``), the shared
+``BackendContract`` runs against this backend in bf16 (``pytest -m sglang_cpu`` in that venv):
+greedy ids equal the HF backend's except at near-ties, features equal the HF backend's (they
+are its prefill). SGLang's CPU engine runs bf16 only (its RMSNorm and AMX attention kernels have
+no float32), so ``--device cpu`` refuses ``--dtype float32``/``float16`` and ``auto`` means
+bfloat16 there, for the prefill too (one precision per store). On CUDA the engine options are
+those read from SGLang's docs (``base_gpu_id``, ``mem_fraction_static``), untested here.
 ``sampling_seed`` gives per-request seeds in recent SGLang; sampled tokens still depend on the
 engine's kernels, so they match the HF backend only in distribution, not token for token.
 
@@ -31,6 +32,8 @@ SGLang is imported only when this backend is constructed, never at package impor
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,62 +47,91 @@ from osprey_data.errors import BackendUnavailableError, ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
 
-__all__ = ["SGLangBackend", "sglang_available", "ENGINE_MEM_FRACTION"]
+__all__ = ["SGLangBackend", "sglang_available", "sglang_device", "ENGINE_MEM_FRACTION"]
 
 # GPU memory share of SGLang's static pool (weights + KV cache); the rest holds the prefill copy.
 ENGINE_MEM_FRACTION = 0.55
 
 
-def sglang_available() -> bool:
-    """True when the ``sglang`` package can be imported and CUDA is present."""
+def sglang_device(device: str) -> str:
+    """``auto`` is CUDA where present, else the CPU (SGLang's CPU engine)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sglang_available(device: str = "auto") -> bool:
+    """True when ``sglang`` imports (with its kernels) and ``device`` can run it: CUDA present
+    for ``cuda``; for ``cpu``, SGLang's CPU kernels (``sgl_kernel``'s CPU build)."""
     try:
         import torch
 
-        if not torch.cuda.is_available():
+        dev = sglang_device(device)
+        if dev.startswith("cuda") and not torch.cuda.is_available():
             return False
+        if dev == "cpu":
+            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         import sglang  # noqa: F401
+        import sgl_kernel  # noqa: F401
     except ImportError:
         return False
     return True
 
 
 class SGLangBackend(TargetBackend):
-    """Generation with ``sglang.Engine``; features by prefill on the same CUDA device."""
+    """Generation with ``sglang.Engine`` (CPU or CUDA); features by HF prefill on the same device."""
 
     name = "sglang"
 
     def __init__(self, config: "BuildConfig") -> None:
         import torch
 
+        device = sglang_device(config.device)
+        if config.gguf_file is not None or config.target.endswith(".gguf"):
+            raise ConfigError("--backend sglang loads HF folders only; convert the GGUF model or use --backend hf")
+        if device == "cpu":
+            if config.dtype not in ("auto", "bfloat16"):
+                raise ConfigError(f"--backend sglang --device cpu runs in bfloat16 only (SGLang's CPU kernels have "
+                                  f"no {config.dtype}); pass --dtype bfloat16, or use --backend hf")
+            # the prefill runs in the engine's precision too: one precision per store
+            config = dataclasses.replace(config, device="cpu", dtype="bfloat16")
+            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # read when sglang is imported
+        elif not device.startswith("cuda"):
+            raise ConfigError(f"--backend sglang runs on cpu or cuda, got --device {config.device!r}")
+        elif not torch.cuda.is_available():
+            raise BackendUnavailableError(f"--device {config.device} needs a CUDA GPU; use --device cpu "
+                                          f"(SGLang's CPU engine) or --backend hf")
         try:
             import sglang
         except ImportError as exc:
             raise BackendUnavailableError(
-                "--backend sglang needs the sglang extra: pip install -e '.[sglang]' in the Osprey checkout "
-                "(CUDA only); or use --backend hf") from exc
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError("--backend sglang needs a CUDA GPU; use --backend hf on CPU")
-        if config.gguf_file is not None or config.target.endswith(".gguf"):
-            raise ConfigError("--backend sglang loads HF folders only; convert the GGUF model or use --backend hf")
-        if config.device == "cpu":
-            raise ConfigError("--backend sglang runs on CUDA; drop --device cpu or use --backend hf")
+                "--backend sglang needs SGLang: pip install -e '.[sglang]' in the Osprey checkout on CUDA "
+                "machines; on CPU, SGLang's CPU build (see .ci/sglang_venv.sh); or use --backend hf") from exc
         # The prefill model: tokenizer, identity, stop ids and features, exactly as the HF backend.
         self._prefill = HFBackend(config)
         self.tokenizer = self._prefill.tokenizer
         self.identity = self._prefill.identity
         self.precision = self._prefill.precision  # what the header records
         self.stop_ids = self._prefill.stop_ids
-        gpu = int(str(self._prefill.device).split(":")[1]) if ":" in str(self._prefill.device) else 0
         dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[self.identity.dtype]
-        self.engine: Any = sglang.Engine(
+        kwargs: dict[str, Any] = dict(
             model_path=config.target,
             skip_tokenizer_init=True,  # we send token ids and read token ids
             dtype=dtype,
             random_seed=config.seed,
-            base_gpu_id=gpu,
-            mem_fraction_static=ENGINE_MEM_FRACTION,
             log_level="error",
         )
+        if device == "cpu":
+            # SGLang's CPU engine: AMX attention, no overlap scheduler; a KV pool sized for one
+            # batch (its default takes a share of the machine's RAM).
+            kwargs.update(device="cpu", attention_backend="intel_amx", disable_overlap_schedule=True,
+                          max_total_tokens=max(4096, config.batch_size * config.max_length))
+        else:
+            kwargs.update(base_gpu_id=int(device.split(":")[1]) if ":" in device else 0,
+                          mem_fraction_static=ENGINE_MEM_FRACTION)
+        self.engine: Any = sglang.Engine(**kwargs)
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
                  on_step: StepCallback | None = None) -> list[GenerationResult]:
