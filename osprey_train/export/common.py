@@ -52,12 +52,13 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return mask
 
 
-def check_eagle3_servable(config: Any, fmt: str) -> None:
-    """Refuse to export an EAGLE-3 drafter whose tap count or depth the engines cannot serve."""
-    if config.arch == "eagle3" and config.num_layers != 1:
+def check_eagle3_servable(config: Any, fmt: str, *, max_layers: int | None = 1) -> None:
+    """Refuse to export an EAGLE-3 drafter whose tap count or depth the engine cannot serve
+    (``max_layers``: SGLang's ``LlamaForCausalLMEagle3`` runs one layer; vLLM 0.32's runs any number)."""
+    if config.arch == "eagle3" and max_layers is not None and config.num_layers > max_layers:
         raise ConfigError(f"export --format {fmt}: this EAGLE-3 drafter has {config.num_layers} layers; the "
-                          "engines' EAGLE-3 models run exactly one (the multi-layer drafter is a study control); "
-                          "export it with --format hf")
+                          f"engine's EAGLE-3 model runs exactly {max_layers} (the multi-layer drafter is a study "
+                          "control); export it with --format vllm (vLLM runs several) or --format hf")
     if config.arch == "eagle3" and config.num_taps != EAGLE3_NUM_TAPS:
         raise ConfigError(f"export --format {fmt}: the EAGLE-3 drafter taps {config.num_taps} target layers "
                           f"({list(config.tap_layers.layer_ids)}); the engines' EAGLE-3 models read exactly "
