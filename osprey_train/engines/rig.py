@@ -41,7 +41,7 @@ def find_rig(engine: str, venv: str | os.PathLike | None = None) -> EngineRig:
         raise BackendUnavailableError(f"engine {engine!r}: known engines are {sorted(ENGINES)}")
     spec = ENGINES[engine]
     where = venv or os.environ.get(spec["env"]) or spec["default"]
-    path = Path(where).expanduser()
+    path = Path(where).expanduser().absolute()  # the driver runs with its own working folder
     python = path / "bin" / "python"
     how = (f"create it with `{spec['setup']}` from the repository root, or pass --venv / set "
            f"{spec['env']} to an existing one")
