@@ -44,6 +44,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "matrix": "osprey_cli.eval_cmds:matrix",
         "sweep": "osprey_cli.eval_cmds:sweep",
         "live": "osprey_cli.live_cmd:live",
+        "engine": "osprey_cli.engine_cmd:engine",
     },
     "study": {
         "run": "osprey_cli.study_cmd:run",
@@ -59,7 +60,7 @@ COMMANDS: dict[str, dict[str, str]] = {
 _GROUP_HELP = {
     "data": "Build, validate, verify, inspect and merge feature stores; tokenize pretraining corpora.",
     "train": "Stage 1 prune, Stage 2 pretrain, Stage 3 convert, Stage 4 distill.",
-    "eval": "Offline acceptance length (chains, trees, tree-shape sweeps), cross-domain matrices, live decoding.",
+    "eval": "Offline acceptance length (chains, trees, tree-shape sweeps), cross-domain matrices, live decoding, engines.",
     "study": "Declarative, resumable comparisons of drafters (every stage, matrices, the paper's claims).",
 }
 

@@ -35,13 +35,14 @@ def _check_convert(config: Any) -> None:
 
 
 def _check_export(config: Any, fmt: str) -> None:
-    """The engines' EAGLE-3 classes run one layer reading exactly 3 taps; --format hf takes any."""
+    """The engines' EAGLE-3 classes read exactly 3 taps; SGLang's runs one layer, vLLM 0.32's any
+    number (``num_hidden_layers``); --format hf takes any."""
     if fmt == "hf":
         return
-    if config.num_layers != 1:
-        raise ConfigError(f"export --format {fmt}: this EAGLE-3 drafter has {config.num_layers} layers; the "
-                          "engines' EAGLE-3 models run exactly one (the multi-layer drafter is a study control); "
-                          "export it with --format hf")
+    if fmt == "sglang" and config.num_layers != 1:
+        raise ConfigError(f"export --format {fmt}: this EAGLE-3 drafter has {config.num_layers} layers; SGLang's "
+                          "EAGLE-3 model runs exactly one (the multi-layer drafter is a study control); export it "
+                          "with --format vllm (vLLM runs several) or --format hf")
     if config.num_taps != NUM_TAPS:
         raise ConfigError(f"export --format {fmt}: the EAGLE-3 drafter taps {config.num_taps} target layers "
                           f"({list(config.tap_layers.layer_ids)}); the engines' EAGLE-3 models read exactly "
@@ -61,6 +62,7 @@ SPEC = DrafterSpec(
     check_config=_check_config,
     check_convert=_check_convert,
     check_export=_check_export,
+    vllm_writer="osprey_train.export.vllm:write_eagle3_vllm",
     sglang_architecture=SGLANG_ARCHITECTURE,
     sglang_reader="osprey_train.export.sglang:eagle3_config_from_sglang",
     serving_label="EAGLE-3 (stock class)",

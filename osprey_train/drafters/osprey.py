@@ -28,11 +28,17 @@ def _check_convert(config: Any) -> None:
                           "backbone's layers)")
 
 
+VLLM_FAMILIES = ("llama", "qwen2")
+"""Backbone families the Osprey vLLM model class (osprey_train/engines/vllm_osprey.py) implements."""
+
+
 def _check_export(config: Any, fmt: str) -> None:
-    if fmt == "vllm":
-        raise ConfigError("export: vLLM has no model class for the Osprey drafter (N layers conditioned on the "
-                          "target in every layer); use --format sglang (with the shipped external model class) "
-                          "or --format hf")
+    # vLLM has no class of its own for N layers conditioned on the target in every layer: this
+    # package registers one through vLLM's plugin entry point, for these families
+    if fmt == "vllm" and config.family not in VLLM_FAMILIES:
+        raise ConfigError(f"export --format vllm: the Osprey drafter's vLLM class serves the {VLLM_FAMILIES} "
+                          f"families; this drafter is {config.family!r} (q/k norms are not implemented there); "
+                          "use --format sglang or --format hf")
 
 
 def _sglang_fields(config: Any) -> dict[str, Any]:
@@ -51,6 +57,7 @@ SPEC = DrafterSpec(
     tiny={},
     check_convert=_check_convert,
     check_export=_check_export,
+    vllm_writer="osprey_train.export.vllm:write_osprey_vllm",
     sglang_architecture=SGLANG_ARCHITECTURE,
     sglang_fields=_sglang_fields,
     sglang_reader="osprey_train.export.sglang:osprey_config_from_sglang",

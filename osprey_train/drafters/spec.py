@@ -78,7 +78,9 @@ class DrafterSpec:
     """Arch rules of a ConvertConfig (which of --backbone/--target/--store it needs); raise ConfigError."""
     check_export: Callable[[Any, str], None] = hf_only
     """``(DrafterConfig, format)``: raise ConfigError when ``osprey export --format`` cannot serve it. The
-    ``sglang`` writer also needs ``sglang_architecture``; the ``vllm`` one writes the speculators EAGLE-3 layout."""
+    ``sglang`` writer also needs ``sglang_architecture``, the ``vllm`` one ``vllm_writer``."""
+    vllm_writer: str | None = None
+    """``"module:attribute"`` of its ``--format vllm`` writer (``osprey_train.export.vllm``)."""
     sglang_architecture: str | None = None
     """``architectures[0]`` of its SGLang export: the model class SGLang runs it with."""
     sglang_fields: Callable[[Any], dict[str, Any]] = no_sglang_fields
@@ -93,7 +95,8 @@ class DrafterSpec:
     """README install line before the launch command ('' when SGLang's stock class serves it)."""
 
     def load(self, hook: str) -> Any:
-        """The object behind the reference field ``hook`` ('model_class', 'convert' or 'sglang_reader')."""
+        """The object behind the reference field ``hook`` ('model_class', 'convert', 'sglang_reader' or
+        'vllm_writer')."""
         reference = getattr(self, hook)
         if reference is None:
             raise ModelError(f"drafter arch {self.name!r} has no {hook}")

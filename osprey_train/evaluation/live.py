@@ -115,7 +115,8 @@ def _run(config: LiveConfig) -> LiveReport:
                         "drafted": res.drafted, "accepted": res.accepted,
                         "seconds": res.seconds, "plain_seconds": plain_results[-1].seconds if config.baseline else None,
                         "plain_tokens": len(plain_results[-1].output_ids) if config.baseline else None,
-                        "identical": identical, "finish_reason": res.finish_reason})
+                        "identical": identical, "finish_reason": res.finish_reason,
+                        "output_ids": list(res.output_ids)})
     report = summarize(samples, steps=steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
     report.precision = {"target": precision.name, "drafter": draft_precision.name}

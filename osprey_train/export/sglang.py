@@ -108,7 +108,7 @@ def eagle3_config_from_llama(layer: dict[str, Any], *, draft_vocab_size: int, ta
                              taps: TapLayers, target: dict | None) -> DrafterConfig:
     """Inverse of :func:`llama_layer_config` for an EAGLE-3 drafter (KeyError names a missing key)."""
     return DrafterConfig(
-        arch="eagle3", family="llama", num_layers=1, hidden_size=layer["hidden_size"],
+        arch="eagle3", family="llama", num_layers=layer.get("num_hidden_layers", 1), hidden_size=layer["hidden_size"],
         intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
         num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
         rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"], rope_scaling=layer.get("rope_scaling"),

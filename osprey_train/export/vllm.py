@@ -1,22 +1,38 @@
-"""``--format vllm``: the EAGLE-3 baseline in the speculators format vLLM loads natively.
+"""``--format vllm``: drafters in the layout vLLM 0.32 loads as EAGLE-3 draft models.
 
-vLLM (``vllm serve TARGET --speculative-config '{"model": DIR, ...}'``, or ``vllm serve DIR``)
-recognises ``speculators_model_type: eagle3`` and builds ``Eagle3LlamaForCausalLM`` from
+EAGLE-3 baseline -> the speculators format vLLM loads natively. vLLM (``LLM(TARGET,
+speculative_config={"model": DIR, "method": "eagle3", ...})``) recognises
+``speculators_model_type: eagle3`` and builds ``Eagle3LlamaForCausalLM`` from
 ``transformer_layer_config`` plus the top-level keys (vllm/transformers_utils/configs/speculators):
 
 - ``draft_vocab_size``, ``target_hidden_size``;
 - ``norm_before_residual: false`` — must be explicit: vLLM defaults it to TRUE when absent, while
   this drafter keeps the un-normed hidden state as the residual (EAGLE-3 / SGLang semantics);
 - ``eagle_aux_hidden_state_layer_ids`` in vLLM's convention: vLLM captures ``hidden + residual``
-  BEFORE running layer idx, i.e. HF hidden_states[idx]: the same numbers as Osprey's taps;
+  BEFORE running layer idx, i.e. HF hidden_states[idx]: the same numbers as Osprey's taps. vLLM
+  sorts these ids and concatenates the taps in ascending layer order, whatever order the list has
+  (``_set_aux_hidden_state_layers``); Osprey's taps are ascending by construction;
 - ``speculators_config``: algorithm, proposal_methods (greedy, ``speculative_tokens``), verifier.
 
-Tensors: ``embed_tokens.weight``, ``fc.weight``, ``layers.0.*`` (speculators naming of the single
-layer), ``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 offsets: vLLM computes
-``targets = arange(Vd) + d2t``), ``t2d`` (bool (V,), skipped by vLLM).
+Tensors: ``embed_tokens.weight``, ``fc.weight``, ``layers.N.*`` (``midlayer.`` is layer 0; the
+extra plain layers of a multi-layer drafter, ours ``layers.i``, are vLLM's ``layers.{i+1}``: vLLM
+0.32 runs ``num_hidden_layers`` layers, layer 0 reading [embedding ; condition], the others the
+residual stream), ``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 offsets: vLLM computes
+``targets = arange(Vd) + d2t``; absent when the draft vocabulary is the whole target vocabulary,
+where vLLM has no such parameter), ``t2d`` (bool (V,), skipped by vLLM).
 
-The Osprey drafter (N conditioned layers) has no vLLM implementation; exporting it to vllm is a
-ConfigError pointing to ``--format sglang`` / ``hf``.
+vLLM 0.32 sizes ``fc`` from ``target_hidden_size`` (``3 x Dt -> D``) and keeps a drafter's own
+embedding when its width differs from the target's, so a drafter narrower than its target is
+served as it is (older vLLM releases sized ``fc`` as ``3 x D``; this export targets 0.32).
+
+Osprey drafter -> ``architectures: [Eagle3OspreyForCausalLM]``, a LlamaConfig (``model_type:
+llama``) describing its layers plus ``target_hidden_size``, ``draft_vocab_size``,
+``eagle_aux_hidden_state_layer_ids`` and the DrafterConfig under ``osprey_drafter``; tensors under
+the drafter's own names (``model.layers.i.*``, ``w_c.weight``, ...), with ``d2t`` / ``t2d`` for a
+reduced draft vocabulary. vLLM has no such class of its own: this package registers one
+(:mod:`osprey_train.engines.vllm_osprey`) through vLLM's plugin entry point, so the folder loads
+wherever this package is installed next to vLLM. Llama and Qwen2 families; Qwen3 (q/k norms) is
+refused.
 """
 
 from __future__ import annotations
@@ -26,16 +42,19 @@ from pathlib import Path
 import torch
 
 from osprey_data.atomic import write_json
-from osprey_data.errors import CheckpointError, ConfigError
+from osprey_data.errors import CheckpointError
 from osprey_data.target_model import TapLayers
+from osprey_train.drafters.osprey import VLLM_FAMILIES as VLLM_OSPREY_FAMILIES
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
                                         save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config
 from osprey_train.models.base import Drafter
+from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
-__all__ = ["write_vllm", "read_vllm", "SPECULATORS_VERSION"]
+__all__ = ["write_vllm", "write_eagle3_vllm", "write_osprey_vllm", "read_vllm", "SPECULATORS_VERSION",
+           "SPECULATORS_MODEL_TYPE", "OSPREY_VLLM_ARCH", "VLLM_OSPREY_FAMILIES", "eagle3_vllm_name"]
 
 SPECULATORS_VERSION = "0.3.0"
 SPECULATORS_MODEL_TYPE = "eagle3"
@@ -44,18 +63,42 @@ SPECULATORS_MODEL_TYPE = "eagle3"
 _VERIFIER_ARCH = {"llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"], "qwen3": ["Qwen3ForCausalLM"],
                   "gemma3_text": ["Gemma3ForCausalLM"], "mistral": ["MistralForCausalLM"]}
 WEIGHTS = "model.safetensors"
+OSPREY_VLLM_ARCH = "Eagle3OspreyForCausalLM"
+"""Registered with vLLM by osprey_train.engines.vllm_plugin (vLLM keeps names starting with Eagle3)."""
+
+
+def eagle3_vllm_name(name: str) -> str:
+    """Our EAGLE-3 tensor name -> vLLM's: ``midlayer.`` is layer 0, our ``layers.i.`` layer i + 1."""
+    if name.startswith("midlayer."):
+        return "layers.0." + name[len("midlayer."):]
+    if name.startswith("layers."):
+        index, rest = name[len("layers."):].split(".", 1)
+        return f"layers.{int(index) + 1}.{rest}"
+    return name
+
+
+def _our_eagle3_name(name: str) -> str:
+    """Inverse of :func:`eagle3_vllm_name`."""
+    if name.startswith("layers."):
+        index, rest = name[len("layers."):].split(".", 1)
+        return f"midlayer.{rest}" if int(index) == 0 else f"layers.{int(index) - 1}.{rest}"
+    return name
 
 
 def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
                speculative_tokens: int = 3) -> Path:
-    """Write the EAGLE-3 drafter ``model`` in speculators format."""
+    """Write ``model`` in the layout vLLM loads (see the module docstring): the arch's ``vllm_writer``."""
+    spec = drafter_spec(model.config.arch)
+    spec.check_export(model.config, "vllm")   # refuses what vLLM cannot serve, with the arch's reason
+    writer = spec.load("vllm_writer")
+    return writer(model, out, dtype=dtype, source_dir=source_dir, overwrite=overwrite,
+                  speculative_tokens=speculative_tokens)
+
+
+def write_eagle3_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
+                      speculative_tokens: int = 3) -> Path:
+    """The speculators EAGLE-3 layout, which vLLM loads natively."""
     cfg = model.config
-    drafter_spec(cfg.arch).check_export(cfg, "vllm")   # refuses the archs vLLM has no class for
-    if cfg.target_hidden_size != cfg.hidden_size:
-        raise ConfigError(f"export --format vllm: the drafter's hidden size {cfg.hidden_size} differs from the "
-                          f"target's {cfg.target_hidden_size}; vLLM's EAGLE-3 loader sizes fc as 3 x the drafter "
-                          "hidden size and refuses target_hidden_size != hidden_size, so this checkpoint could "
-                          "not be served there (use --format sglang, or a drafter as wide as the target)")
     target = cfg.target
     doc = {
         "architectures": ["Eagle3Speculator"],
@@ -67,7 +110,7 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_vllm(),
         "speculators_config": {
-            "algorithm": SPECULATORS_MODEL_TYPE,
+            "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": None if target is None else target.name_or_path,
@@ -77,14 +120,33 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
         # provenance: which target (and tokenizer) this drafter serves
         "osprey_target": None if target is None else target.to_dict(),
     }
-    state = {}
-    for name, tensor in model.state_dict().items():
-        if name == "d2t":
-            continue
-        state[name.replace("midlayer.", "layers.0.", 1)] = tensor.to(dtype)
-    state["d2t"] = offset_d2t(model.draft_to_target)
-    state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
+    state = {eagle3_vllm_name(name): tensor.to(dtype) for name, tensor in model.state_dict().items() if name != "d2t"}
+    if cfg.draft_vocab_size != cfg.vocab_size:  # vLLM has a d2t parameter only for a reduced vocabulary
+        state["d2t"] = offset_d2t(model.draft_to_target)
+        state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
+    # (a full draft vocabulary is the identity map: draft ids are sorted target ids)
+    return _write(out, state, doc, source_dir, overwrite)
 
+
+def write_osprey_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
+                      speculative_tokens: int = 3) -> Path:
+    """The Osprey layout served by this package's vLLM model class (``speculative_tokens`` is the
+    serving command's choice there: vLLM reads no proposal method from this config)."""
+    del speculative_tokens
+    cfg = model.config
+    assert cfg.family in VLLM_OSPREY_FAMILIES, "check_export refuses the other families"
+    doc = {**llama_layer_config(cfg, dtype), "architectures": [OSPREY_VLLM_ARCH],
+           "target_hidden_size": cfg.target_hidden_size, "draft_vocab_size": cfg.draft_vocab_size,
+           "eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_vllm(), "osprey_drafter": cfg.to_dict(),
+           "osprey_target": None if cfg.target is None else cfg.target.to_dict()}
+    state = {name: tensor.to(dtype) for name, tensor in model.state_dict().items() if name != "d2t"}
+    if model.draft_to_target is not None:
+        state["d2t"] = offset_d2t(model.draft_to_target)
+        state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
+    return _write(out, state, doc, source_dir, overwrite)
+
+
+def _write(out: Path, state: dict, doc: dict, source_dir: Path | None, overwrite: bool) -> Path:
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
         write_json(tmp / "config.json", doc)
@@ -94,23 +156,33 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
 
 
 def read_vllm(path: Path) -> Drafter:
-    """Load a speculators-format EAGLE-3 export back into an Eagle3Drafter."""
+    """Load a ``--format vllm`` export (EAGLE-3 speculators format or Osprey) back into a drafter."""
     path = Path(path)
     doc = read_json(path / "config.json")
-    if doc.get("speculators_model_type") != SPECULATORS_MODEL_TYPE:
-        raise CheckpointError(f"{path / 'config.json'}: not a speculators eagle3 checkpoint")
-    try:
-        config = eagle3_config_from_llama(
-            doc["transformer_layer_config"], draft_vocab_size=doc["draft_vocab_size"],
-            target_hidden_size=doc["target_hidden_size"],
-            taps=TapLayers.from_vllm(doc["eagle_aux_hidden_state_layer_ids"]), target=doc.get("osprey_target"))
-    except KeyError as exc:
-        raise CheckpointError(f"{path / 'config.json'}: lacks {exc}; not a speculators eagle3 checkpoint") from None
     raw = load_tensors(path / WEIGHTS)
-    state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in raw.items() if k != "t2d"}
-    state["d2t"] = absolute_d2t(state["d2t"])
+    if (doc.get("architectures") or [None])[0] == OSPREY_VLLM_ARCH:
+        if "osprey_drafter" not in doc:
+            raise CheckpointError(f"{path / 'config.json'}: lacks osprey_drafter; not an Osprey vLLM export")
+        config = DrafterConfig.from_dict(doc["osprey_drafter"])
+        state = {k: v for k, v in raw.items() if k != "t2d"}
+    elif doc.get("speculators_model_type") == SPECULATORS_MODEL_TYPE:
+        try:
+            config = eagle3_config_from_llama(
+                doc["transformer_layer_config"], draft_vocab_size=doc["draft_vocab_size"],
+                target_hidden_size=doc["target_hidden_size"],
+                taps=TapLayers.from_vllm(doc["eagle_aux_hidden_state_layer_ids"]), target=doc.get("osprey_target"))
+        except KeyError as exc:
+            raise CheckpointError(f"{path / 'config.json'}: lacks {exc}; not a speculators eagle3 checkpoint") from None
+        state = {_our_eagle3_name(k): v for k, v in raw.items() if k != "t2d"}
+    else:
+        raise CheckpointError(f"{path / 'config.json'}: neither a speculators eagle3 checkpoint nor an Osprey "
+                              f"vLLM export ({OSPREY_VLLM_ARCH})")
+    if "d2t" in state:
+        state["d2t"] = absolute_d2t(state["d2t"])
     model = build_drafter(config)
     model.to(next(v.dtype for v in state.values() if v.is_floating_point()))
+    if "d2t" not in state and getattr(model, "draft_to_target", None) is not None:
+        state["d2t"] = torch.arange(config.vocab_size)  # a full draft vocabulary: the identity map
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -126,12 +126,17 @@ def test_export_writes_or_refuses_cleanly(arch, fmt, tmp_path):
 
 
 def test_the_builtin_export_matrix():
-    """What each built-in arch serves: osprey everywhere but vLLM, eagle3 everywhere (1 layer, 3 taps)."""
+    """What each built-in arch serves: both everywhere; a 2-layer EAGLE-3 not in SGLang (one layer
+    there), a Qwen3-family Osprey drafter not in vLLM (its class has no q/k norms)."""
     served = {a: [f for f in sorted(EXPORTERS) if _serves(a, f)] for a in ("osprey", "eagle3")}
-    assert served == {"osprey": ["hf", "sglang"], "eagle3": ["hf", "sglang", "vllm"]}
+    assert served == {"osprey": ["hf", "sglang", "vllm"], "eagle3": ["hf", "sglang", "vllm"]}
     two = DrafterConfig.from_name("tiny-eagle3", num_layers=2)
     with pytest.raises(ConfigError, match="exactly one"):
         drafter_spec("eagle3").check_export(two, "sglang")
+    drafter_spec("eagle3").check_export(two, "vllm")
+    qwen3 = tiny_drafter("osprey").config.replace(family="qwen3")
+    with pytest.raises(ConfigError, match="q/k norms"):
+        drafter_spec("osprey").check_export(qwen3, "vllm")
 
 
 def _serves(arch: str, fmt: str) -> bool:

@@ -47,7 +47,7 @@ def _outputs(model):
 
 @pytest.mark.parametrize("arch,fmt", [("eagle3", "sglang"), ("eagle3", "vllm"), ("eagle3", "hf"),
                                       ("osprey", "sglang"), ("osprey", "hf"), ("osprey-dv", "sglang"),
-                                      ("osprey-dv", "hf")])
+                                      ("osprey-dv", "hf"), ("osprey-dv", "vllm")])
 def test_round_trip_identical_weights_and_outputs(drafters, tmp_path, arch, fmt):
     model, folder = drafters[arch]
     result = run(ExportConfig(drafter=folder, format=fmt, out=tmp_path / fmt))
@@ -179,15 +179,70 @@ def test_osprey_sglang_export_matches_external_class_names(drafters, tmp_path):
     assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == 100
 
 
-def test_osprey_to_vllm_is_refused_and_options_checked(drafters, tmp_path):
-    _, folder = drafters["osprey"]
-    with pytest.raises(ConfigError, match="vLLM has no model class"):
-        run(ExportConfig(drafter=folder, format="vllm", out=tmp_path / "v"))
-    assert not (tmp_path / "v").exists()
+def test_osprey_to_vllm_names_the_plugin_class_and_refuses_qwen3(drafters, tmp_path):
+    from safetensors.torch import load_file
+
+    from osprey_train.engines.vllm_plugin import OSPREY_VLLM_ARCH, vllm_weight_name
+    from osprey_train.export import vllm as vllm_export
+
+    assert vllm_export.OSPREY_VLLM_ARCH == OSPREY_VLLM_ARCH  # the name the plugin registers
+    model, folder = drafters["osprey-dv"]
+    out = run(ExportConfig(drafter=folder, format="vllm", out=tmp_path / "v")).out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == [OSPREY_VLLM_ARCH] and cfg["model_type"] == "llama"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == list(model.config.tap_layers.to_vllm())
+    assert cfg["target_hidden_size"] == 32 and cfg["draft_vocab_size"] == 100 and cfg["num_hidden_layers"] == 2
+    assert cfg["osprey_drafter"] == model.config.to_dict()
+    state = load_file(str(out / "model.safetensors"))
+    mapped = {vllm_weight_name(n) for n in state}
+    assert (None, None) in mapped and ("draft_id_to_target_id", None) in mapped  # t2d skipped, d2t = vLLM's map
+    assert ("model.layers.1.self_attn.qkv_proj.weight", "v") in mapped and ("model.layers.0.mlp.gate_up_proj.weight", 0) in mapped
+    assert {"w_c.weight", "lm_head.weight", "model.embed_tokens.weight", "model.layers.0.cond_norm.weight"} <= \
+        {m for m, _ in mapped}
+    _, qwen3 = drafters["osprey"]
+    with pytest.raises(ConfigError, match="q/k norms"):
+        run(ExportConfig(drafter=qwen3, format="vllm", out=tmp_path / "q"))
+    assert not (tmp_path / "q").exists()
     with pytest.raises(ConfigError, match="--format"):
         ExportConfig(drafter=folder, format="onnx", out=tmp_path / "x")
     with pytest.raises(ConfigError, match="--dtype"):
         ExportConfig(drafter=folder, format="hf", out=tmp_path / "x", dtype="int8")
+
+
+def test_vllm_multi_layer_eagle3_names_layers_in_order_and_round_trips(tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(1)
+    deep = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, num_layers=3))
+    deep.set_draft_vocab(torch.arange(5, 384, 2)[:128])
+    save_drafter(deep, tmp_path / "deep")
+    out = run(ExportConfig(drafter=tmp_path / "deep", format="vllm", out=tmp_path / "v")).out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 3
+    state = load_file(str(out / "model.safetensors"))
+    # vLLM 0.32: layer 0 reads [embedding ; condition] (2D-wide q/k/v, hidden_norm), layers 1.. the residual stream
+    assert state["layers.0.self_attn.q_proj.weight"].shape == (64, 128) and "layers.0.hidden_norm.weight" in state
+    for i in (1, 2):
+        assert torch.equal(state[f"layers.{i}.self_attn.q_proj.weight"], deep.layers[i - 1].self_attn.q_proj.weight)
+        assert f"layers.{i}.hidden_norm.weight" not in state
+    assert not any(k.startswith("midlayer.") for k in state)
+    back = load_export(out, "vllm")
+    assert back.config == deep.config and all(torch.equal(v, back.state_dict()[k]) for k, v in deep.state_dict().items())
+    torch.testing.assert_close(_outputs(back), _outputs(deep), rtol=0, atol=0)
+
+
+def test_full_vocabulary_eagle3_has_no_d2t_for_vllm(tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(2)
+    full = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, draft_vocab_size=384))
+    full.set_draft_vocab(torch.arange(384))  # draft ids are sorted target ids: all of them = the identity
+    save_drafter(full, tmp_path / "full")
+    out = run(ExportConfig(drafter=tmp_path / "full", format="vllm", out=tmp_path / "v")).out
+    state = load_file(str(out / "model.safetensors"))
+    assert "d2t" not in state and "t2d" not in state  # vLLM has no d2t parameter for a full draft vocabulary
+    back = load_export(out, "vllm")
+    torch.testing.assert_close(_outputs(back), _outputs(full), rtol=0, atol=0)
 
 
 def test_engine_exports_refuse_what_the_engines_cannot_serve(tmp_path):
@@ -202,16 +257,19 @@ def test_engine_exports_refuse_what_the_engines_cannot_serve(tmp_path):
     run(ExportConfig(drafter=tmp_path / "two", format="hf", out=tmp_path / "hf"))  # our own format: fine
     deep = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, num_layers=2))
     save_drafter(deep, tmp_path / "deep")
-    for fmt in ("sglang", "vllm"):
-        with pytest.raises(ConfigError, match="has 2 layers; the engines' EAGLE-3 models run exactly one"):
-            run(ExportConfig(drafter=tmp_path / "deep", format=fmt, out=tmp_path / f"deep-{fmt}"))
+    with pytest.raises(ConfigError, match="has 2 layers; the engine's EAGLE-3 model runs exactly 1"):
+        run(ExportConfig(drafter=tmp_path / "deep", format="sglang", out=tmp_path / "deep-sglang"))
+    run(ExportConfig(drafter=tmp_path / "deep", format="vllm", out=tmp_path / "deep-vllm"))  # vLLM 0.32 runs N layers
     run(ExportConfig(drafter=tmp_path / "deep", format="hf", out=tmp_path / "deep-hf"))
+    # a drafter narrower than its target: vLLM 0.32 and SGLang both size fc from the target's width
     narrow = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, target_hidden_size=48))
     save_drafter(narrow, tmp_path / "narrow")
     res = CliRunner().invoke(cli, ["export", "--drafter", str(tmp_path / "narrow"), "--format", "vllm",
                                    "--out", str(tmp_path / "v")])
-    assert res.exit_code == 2 and "refuses target_hidden_size != hidden_size" in res.output
-    run(ExportConfig(drafter=tmp_path / "narrow", format="sglang", out=tmp_path / "s"))  # SGLang sizes fc by Dt
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert cfg["target_hidden_size"] == 48 and cfg["transformer_layer_config"]["hidden_size"] == 64
+    run(ExportConfig(drafter=tmp_path / "narrow", format="sglang", out=tmp_path / "s"))
 
 
 def test_cli_export(drafters, tmp_path):

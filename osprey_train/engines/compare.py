@@ -1,0 +1,114 @@
+"""Engine counters beside Osprey's offline and live figures, one prompt at a time.
+
+Counting (greedy chain drafting of S tokens, one verify round per engine step after the prefill):
+
+* a **round** is one verify step; vLLM's ``num_drafts`` counts them, as our offline walk
+  (:func:`~osprey_train.evaluation.acceptance.acceptance_walk`) and our live harness do;
+* ``accepted_per_pos[s]`` is the number of rounds whose draft ``s`` (0-based) was accepted, i.e.
+  rounds with at least ``s + 1`` accepted drafts (vLLM's ``num_accepted_tokens_per_pos``);
+* **the end-of-request overcount**: vLLM compares all S drafts of a round with the target's greedy
+  tokens and counts the matches *before* cutting the output at ``max_tokens`` or a stop token. In
+  the last round of a request, drafts matching the target's continuation past the end are counted
+  although they were never emitted. Our definition (and SGLang's) counts at most the tokens the
+  round emitted. So, per request: ``ours = vLLM's - overcount``, where the overcount can only sit
+  in the last round, only when that round accepted every draft up to the end (``a_last`` =
+  the tokens left), and only at draft positions ``a_last, a_last + 1, ...``: exactly ``k``
+  consecutive positions, ``k = sum(vLLM's accepted) - sum(ours)``.
+
+:func:`reconcile` applies exactly that rule: the engine's per-position counts of a prompt must
+equal ours plus one contiguous block at the last round's position; anything else is a disagreement
+(a wrong tap order, a wrong ``d2t``, a numerics difference) and is reported as one.
+
+Legend: S draft steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["PromptComparison", "counts_from_rounds", "reconcile", "first_difference"]
+
+
+def counts_from_rounds(accepted: list[int], steps: int) -> list[int]:
+    """Per draft position ``s``: rounds with more than ``s`` accepted drafts."""
+    return [sum(1 for a in accepted if a > s) for s in range(steps)]
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length if one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class PromptComparison:
+    """One prompt: the engine's counters against ours (offline walk, live harness)."""
+
+    id: str
+    domain: str
+    steps: int
+    tokens: int
+    """Output tokens of the engine with speculation (the prefill's token included)."""
+    engine_rounds: int
+    offline_rounds: int
+    offline_emitted: int
+    """Tokens our offline rounds emit (the response minus the prefill's token)."""
+    engine_per_pos: list[int]
+    """vLLM's ``num_accepted_tokens_per_pos`` for this request (with the overcount)."""
+    offline_per_pos: list[int]
+    overcount: int
+    """Drafts vLLM counted accepted past the request's end (max_tokens / stop token)."""
+    overcount_per_pos: list[int]
+    agrees: bool
+    """Engine rounds equal ours and engine counts = ours + the overcount block, exactly."""
+    live_rounds: int | None = None
+    live_per_pos: list[int] | None = None
+    identical: dict[str, bool] = field(default_factory=dict)
+    """Greedy outputs: engine with vs without speculation, engine vs the store (transformers), live."""
+    why: str = ""
+    """What disagrees, when something does."""
+
+    @property
+    def engine_reconciled(self) -> list[int]:
+        return [e - o for e, o in zip(self.engine_per_pos, self.overcount_per_pos)]
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["engine_reconciled"] = self.engine_reconciled
+        return doc
+
+
+def reconcile(*, sample_id: str, domain: str, steps: int, tokens: int, engine: dict, walk: list[tuple[int, int, int]],
+              live_accepted: list[int] | None = None, identical: dict[str, bool] | None = None) -> PromptComparison:
+    """Compare one request's engine counters with our offline walk (``(accepted, emitted, compared)``
+    per round) under the overcount rule of this module's docstring."""
+    ours_acc = [a for a, _, _ in walk]
+    offline = counts_from_rounds(ours_acc, steps)
+    engine_pos = [int(v) for v in engine["accepted_per_pos"]][:steps]
+    engine_pos += [0] * (steps - len(engine_pos))
+    k = sum(engine_pos) - sum(offline)
+    block = [0] * steps
+    why = []
+    if int(engine["num_drafts"]) != len(walk):
+        why.append(f"{engine['num_drafts']} engine rounds vs {len(walk)} offline")
+    if walk and k > 0:
+        a_last, emitted_last, _ = walk[-1]
+        ended_full = a_last == emitted_last  # every draft up to the end accepted (the bonus token was cut)
+        if not ended_full or a_last + k > steps:
+            why.append(f"{k} more accepted drafts than ours, not at the end of the request")
+        else:
+            block = [1 if a_last <= s < a_last + k else 0 for s in range(steps)]
+    elif k < 0:
+        why.append(f"{-k} fewer accepted drafts than ours")
+    if not why and [e - b for e, b in zip(engine_pos, block)] != offline:
+        why.append("accepted drafts per position differ")
+    live_pos = None if live_accepted is None else counts_from_rounds(live_accepted, steps)
+    return PromptComparison(
+        id=sample_id, domain=domain, steps=steps, tokens=tokens, engine_rounds=int(engine["num_drafts"]),
+        offline_rounds=len(walk),
+        offline_emitted=sum(e for _, e, _ in walk), engine_per_pos=engine_pos, offline_per_pos=offline, overcount=max(k, 0) if not why else 0,
+        overcount_per_pos=block, agrees=not why, live_rounds=None if live_accepted is None else len(live_accepted),
+        live_per_pos=live_pos, identical=dict(identical or {}), why="; ".join(why))

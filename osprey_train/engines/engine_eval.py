@@ -1,0 +1,273 @@
+"""``osprey eval engine``: a drafter served by a real engine, its counters beside Osprey's own figures.
+
+One run, on one prompt file:
+
+1. **export**: the drafter is exported with ``osprey export --format vllm`` into ``OUT/export``
+   (or ``exports`` names vLLM exports made elsewhere, each checked against the drafter they came
+   from: this is how a broken export, a wrong tap order or ``d2t``, shows up);
+2. **offline**: a store is built from the same prompts (greedy, the target's own responses, the
+   drafter's taps; ``OUT/store``, reused when it is complete) and our offline walk
+   (:mod:`~osprey_train.evaluation.acceptance`) gives every prompt's verify rounds;
+3. **live**: our live harness (:mod:`~osprey_train.evaluation.live`) decodes the prompts with the
+   drafter (optional);
+4. **engine**: one engine process in the engine's venv (:mod:`rig`, :mod:`vllm_driver`) decodes
+   the prompts greedily without speculation, then with each export, one request at a time (the
+   engine's per-request counters) and then all together (batched speed);
+5. **report** (:mod:`engine_report`): per prompt and in total, the engine's rounds and accepted
+   drafts per position against ours, reconciled by the end-of-request overcount
+   (:mod:`compare`), greedy outputs identical or not, tokens/s with and without speculation.
+
+Prompts are rendered on our side (:mod:`~osprey_train.evaluation.live_prompts`, the builder's
+renderer) and handed to the engine as token ids, so all three see the same ids.
+
+Legend: S draft steps.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from osprey_data.builder import BuildConfig
+from osprey_data.builder.runner import run as build_store
+from osprey_data.conversation import iter_inputs, stop_token_ids
+from osprey_data.errors import ConfigError
+from osprey_data.store import StoreReader
+from osprey_data.target_model import check_compatible
+from osprey_train.engines.compare import PromptComparison, first_difference, reconcile
+from osprey_train.engines.engine_report import EngineReport, ExportSummary, summarize_export
+from osprey_train.engines.rig import ENGINES, find_rig, run_driver
+from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round
+from osprey_train.evaluation.chain_draft import draft_all_positions
+from osprey_train.evaluation.live import LiveConfig
+from osprey_train.evaluation.live import run as run_live
+from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
+from osprey_train.export import ExportConfig
+from osprey_train.export import run as run_export
+from osprey_train.models import load_drafter
+
+__all__ = ["EngineEvalConfig", "run", "engine_env", "DTYPES"]
+
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(kw_only=True)
+class EngineEvalConfig:
+    """Options of ``osprey eval engine``."""
+
+    engine: str
+    """Engine: 'vllm'."""
+    drafter: Path
+    """Drafter folder (Osprey or EAGLE-3, ``save_drafter`` output)."""
+    target: str
+    """Target HF folder (the drafter's target), as the engine loads it."""
+    inputs: tuple[str, ...]
+    """Prompt files (builder input formats); every prompt is decoded."""
+    out: Path
+    """Folder for the export, the store, the engine's log and the report (report.md, report.json)."""
+    steps: int = 3
+    """Draft tokens per verify round (vLLM's num_speculative_tokens)."""
+    max_new_tokens: int = 64
+    """Generated tokens per prompt at most (a stop token ends earlier)."""
+    exports: tuple[Path, ...] = ()
+    """vLLM exports of ``drafter`` made elsewhere to check; empty = export ``drafter`` now."""
+    dtype: str = "float32"
+    """Engine dtype: float32 for parity with our fp32 figures, bfloat16 for speed."""
+    threads: int = 1
+    """CPU threads of the engine and of our own decoding."""
+    live: bool = True
+    """Also decode with our live harness."""
+    venv: str | None = None
+    """The engine's venv (default ``$OSPREY_VLLM_VENV`` or ``.venv-vllm``)."""
+    max_model_len: int = 2048
+    """Engine context length (prompt + response)."""
+    timeout_s: float = 3600.0
+    """Engine run limit."""
+    progress: bool = True
+    """Print what each phase is doing."""
+    store_overrides: dict = field(default_factory=dict)
+    """Extra BuildConfig fields for the offline store (tests: smaller top-k, batch size)."""
+
+    def __post_init__(self) -> None:
+        self.drafter, self.out = Path(self.drafter), Path(self.out)
+        self.exports = tuple(Path(p) for p in self.exports)
+        if isinstance(self.inputs, str):
+            self.inputs = (self.inputs,)
+        self.inputs = tuple(str(p) for p in self.inputs)
+        if self.engine not in ENGINES:
+            raise ConfigError(f"eval engine: --engine must be one of {sorted(ENGINES)}, got {self.engine!r}")
+        if not self.inputs:
+            raise ConfigError("eval engine: give at least one --input prompt file")
+        for path in self.inputs:
+            if not Path(path).exists():
+                raise ConfigError(f"eval engine: --input {path!r} does not exist")
+        if not self.drafter.is_dir():
+            raise ConfigError(f"eval engine: drafter folder {self.drafter} does not exist")
+        for path in self.exports:
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"eval engine: --export {path} is not an export folder (no config.json)")
+        if not Path(self.target).is_dir():
+            raise ConfigError(f"eval engine: --target {self.target!r} must be a local HF folder (the engine "
+                              "loads the same weights)")
+        if self.steps < 1:
+            raise ConfigError(f"eval engine: --steps must be >= 1, got {self.steps}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"eval engine: --max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"eval engine: --dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.threads < 1:
+            raise ConfigError(f"eval engine: --threads must be >= 1, got {self.threads}")
+
+
+def engine_env(rig_venv: Path, threads: int) -> dict[str, str]:
+    """The engine process's settings: the thread budget, vLLM's bundled OpenMP, one process.
+
+    ``LD_PRELOAD`` of vLLM's bundled ``libiomp5.so`` is what vLLM advises on CPU; the engine core
+    and the worker run inside the driver process (no extra spawned interpreters: each would import
+    torch and vLLM again, minutes on a busy 2-core machine); no core pinning, the machine is shared.
+    """
+    env = {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    iomp = rig_venv / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        env["LD_PRELOAD"] = " ".join(p for p in (os.environ.get("LD_PRELOAD"), str(iomp.resolve())) if p)
+    return env
+
+
+def _log(config: EngineEvalConfig, text: str) -> None:
+    if config.progress:
+        print(f"[eval engine] {text}", flush=True)
+
+
+def _offline(config: EngineEvalConfig, drafter, prompts: list[LivePrompt]) -> dict[str, dict]:
+    """Per prompt id: the store's response ids and our offline walk, from a store of the same prompts."""
+    store = config.out / "store"
+    taps = tuple(drafter.config.tap_layers.layer_ids)
+    build = BuildConfig(target=config.target, inputs=config.inputs, out=str(store), max_new_tokens=config.max_new_tokens,
+                        temperature=0.0, layers=taps, last_turn_only=True, dtype="float32", device="cpu",
+                        progress=config.progress, **{"topk": 8, "batch_size": 4, **config.store_overrides})
+    build_store(build)
+    reader = StoreReader(str(store))
+    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
+                     where=f"eval engine: drafter {config.drafter} on store {store}")
+    dtype = next(drafter.parameters()).dtype
+    wanted = {p.sample_id for p in prompts}
+    out: dict[str, dict] = {}
+    for i in range(len(reader)):
+        s = reader.sample(i, as_torch=True)
+        if s.sample_id not in wanted:
+            continue
+        ids = s.token_ids.tolist()
+        walk = []
+        if has_verify_round(s):
+            drafts = draft_all_positions(drafter, s.token_ids, s.hidden_TLD.to(dtype), config.steps).cpu()
+            walk = acceptance_walk(ids, s.prompt_length, drafts.tolist())
+        out[s.sample_id] = {"prompt_ids": ids[:s.prompt_length], "response_ids": ids[s.prompt_length:], "walk": walk}
+    missing = wanted - set(out)
+    if missing:
+        raise ConfigError(f"eval engine: the store {store} lacks prompts {sorted(missing)[:3]}; remove it and rerun")
+    return out
+
+
+def _exports(config: EngineEvalConfig) -> list[Path]:
+    if config.exports:
+        return list(config.exports)
+    out = config.out / "export"
+    _log(config, f"exporting {config.drafter} -> {out} (--format vllm, {config.dtype})")
+    run_export(ExportConfig(drafter=config.drafter, format="vllm", out=out, dtype=config.dtype, overwrite=True))
+    return [out]
+
+
+def run(config: EngineEvalConfig) -> EngineReport:
+    """Export, offline walk, live decoding, the engine's runs, and the report (written to ``out``)."""
+    rig = find_rig(config.engine, config.venv)  # a missing venv fails before any work
+    config.out.mkdir(parents=True, exist_ok=True)
+    list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(config.target)
+    try:
+        generation = GenerationConfig.from_pretrained(config.target)
+    except OSError:
+        generation = None
+    stops = sorted(stop_token_ids(tokenizer, generation))
+    prompts = load_prompts(config.inputs, tokenizer)
+    drafter = load_drafter(config.drafter).eval()
+    exports = _exports(config)
+    before = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        _log(config, f"offline: store of the {len(prompts)} prompts, walk with S={config.steps}")
+        offline = _offline(config, drafter, prompts)
+        live = None
+        if config.live:
+            _log(config, "live: our harness decodes the prompts with the drafter")
+            report = run_live(LiveConfig(drafter=str(config.drafter), target=config.target, inputs=config.inputs,
+                                         steps=config.steps, max_new_tokens=config.max_new_tokens, device="cpu",
+                                         baseline=False, threads=config.threads, progress=config.progress))
+            live = {s["id"]: s for s in report.samples}
+    finally:
+        torch.set_num_threads(before)
+    for p in prompts:
+        if offline[p.sample_id]["prompt_ids"] != p.prompt_ids:
+            raise ConfigError(f"eval engine: prompt {p.sample_id}: the store's prompt ids differ from the rendered "
+                              "prompt; remove OUT/store (built from other prompts?) and rerun")
+    runs = [{"name": "plain", "speculative": None}]
+    runs += [{"name": f"spec{i}", "speculative": {"model": str(path.resolve()), "method": "eagle3",
+                                                  "num_speculative_tokens": config.steps}}
+             for i, path in enumerate(exports)]
+    request = {"target": str(Path(config.target).resolve()), "dtype": config.dtype, "threads": config.threads,
+               "max_model_len": config.max_model_len, "max_tokens": config.max_new_tokens, "stop_token_ids": stops,
+               "prompts": [{"id": p.sample_id, "prompt_ids": p.prompt_ids} for p in prompts], "runs": runs,
+               "engine_kwargs": {"distributed_executor_backend": "uni"}}
+    _log(config, f"{config.engine}: plain + {len(exports)} speculative run(s) in {rig.venv}")
+    result = run_driver(rig, "osprey_train.engines.vllm_driver", request, config.out / "engine",
+                        env=engine_env(rig.venv, config.threads), timeout_s=config.timeout_s,
+                        log=(lambda t: _log(config, t)))
+    plain = result["runs"][0]
+    summaries = [_compare_export(config, path, run, plain, offline, live, prompts)
+                 for path, run in zip(exports, result["runs"][1:])]
+    report = EngineReport(engine=config.engine, engine_version=result.get("vllm_version", "?"),
+                          torch_version=result.get("torch_version", "?"), target=config.target,
+                          drafter=str(config.drafter), arch=drafter.config.arch, steps=config.steps,
+                          dtype=config.dtype, threads=config.threads, max_new_tokens=config.max_new_tokens,
+                          num_prompts=len(prompts), plain=_speed(plain), exports=summaries,
+                          engine_wall_s=result["wall_s"])
+    report.write(config.out)
+    return report
+
+
+def _speed(run: dict) -> dict:
+    tokens = sum(len(s["output_ids"]) for s in run["samples"])
+    seconds = sum(s["seconds"] for s in run["samples"])
+    return {"load_s": run["load_s"], "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "batched_tokens_per_s": run["batched"]["tokens"] / run["batched"]["seconds"] if run["batched"]["seconds"]
+            else 0.0}
+
+
+def _compare_export(config: EngineEvalConfig, path: Path, run: dict, plain: dict, offline: dict, live: dict | None,
+                    prompts: list[LivePrompt]) -> ExportSummary:
+    rows: list[PromptComparison] = []
+    plain_by_id = {s["id"]: s for s in plain["samples"]}
+    for p, sample in zip(prompts, run["samples"]):
+        assert sample["id"] == p.sample_id
+        ours = offline[p.sample_id]
+        spec_ids, plain_ids = sample["output_ids"], plain_by_id[p.sample_id]["output_ids"]
+        identical = {"spec_vs_plain": spec_ids == plain_ids, "plain_vs_store": plain_ids == ours["response_ids"]}
+        live_acc = None
+        if live is not None:
+            live_acc = live[p.sample_id]["accepted"]
+            identical["live_vs_plain"] = live[p.sample_id].get("output_ids") == plain_ids
+        row = reconcile(sample_id=p.sample_id, domain=p.domain, steps=config.steps, tokens=len(spec_ids),
+                        engine=sample, walk=ours["walk"], live_accepted=live_acc, identical=identical)
+        if not identical["plain_vs_store"]:
+            at = first_difference(plain_ids, ours["response_ids"])
+            row.why = "; ".join(w for w in (row.why, f"engine output leaves the store's (transformers) at token {at}")
+                                if w)
+        rows.append(row)
+    return summarize_export(str(path), rows, _speed(run))

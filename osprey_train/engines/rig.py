@@ -1,0 +1,95 @@
+"""Finding an engine's virtual environment and running a script inside it.
+
+The venv is made by ``engines/setup_vllm.sh`` (vLLM from PyPI, this package installed into it
+without dependencies). It is looked for in ``--venv``, then ``$OSPREY_VLLM_VENV``, then
+``.venv-vllm`` in the current folder (the repository root, where the setup script puts it). A
+missing venv, or one without vLLM or without this package, is a one-line error saying how to make
+it; an engine run that fails returns the tail of its log in the error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from osprey_data.atomic import write_json
+from osprey_data.errors import BackendUnavailableError
+
+__all__ = ["ENGINES", "EngineRig", "find_rig", "run_driver"]
+
+ENGINES = {"vllm": {"env": "OSPREY_VLLM_VENV", "default": ".venv-vllm", "setup": "engines/setup_vllm.sh",
+                    "module": "vllm"}}
+_LOG_TAIL = 25
+
+
+@dataclass(frozen=True)
+class EngineRig:
+    """An engine's venv: its interpreter and where it was found."""
+
+    engine: str
+    venv: Path
+    python: Path
+
+
+def find_rig(engine: str, venv: str | os.PathLike | None = None) -> EngineRig:
+    """The engine's venv (checked to import the engine and this package), or BackendUnavailableError."""
+    if engine not in ENGINES:
+        raise BackendUnavailableError(f"engine {engine!r}: known engines are {sorted(ENGINES)}")
+    spec = ENGINES[engine]
+    where = venv or os.environ.get(spec["env"]) or spec["default"]
+    path = Path(where).expanduser().absolute()  # the driver runs with its own working folder
+    python = path / "bin" / "python"
+    how = (f"create it with `{spec['setup']}` from the repository root, or pass --venv / set "
+           f"{spec['env']} to an existing one")
+    if not python.is_file():
+        raise BackendUnavailableError(f"{engine} engine venv {path} not found (no {python}); {how}")
+    probe = subprocess.run([str(python), "-c", f"import {spec['module']}, osprey_train.engines"],
+                           capture_output=True, text=True, env=_clean_env())
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        raise BackendUnavailableError(f"{engine} engine venv {path} cannot import {spec['module']} and "
+                                      f"osprey_train ({last}); {how}")
+    return EngineRig(engine=engine, venv=path, python=python)
+
+
+def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without what would leak our venv into the engine's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(extra or {})
+    return env
+
+
+def run_driver(rig: EngineRig, module: str, request: dict, workdir: Path, *, env: dict[str, str] | None = None,
+               timeout_s: float | None = None, log=None) -> dict:
+    """Run ``python -m module REQUEST.json RESULT.json`` in the engine's venv; return the result.
+
+    The engine's output goes to ``workdir/engine.log``; a failure raises with its last lines.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    req, res, log_path = workdir / "engine-request.json", workdir / "engine-result.json", workdir / "engine.log"
+    res.unlink(missing_ok=True)
+    write_json(req, request)
+    t0 = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as out:
+        try:
+            proc = subprocess.run([str(rig.python), "-m", module, str(req), str(res)], stdout=out,
+                                  stderr=subprocess.STDOUT, env=_clean_env(env), timeout=timeout_s,
+                                  cwd=str(workdir))
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    seconds = time.perf_counter() - t0
+    if code != 0 or not res.is_file():
+        tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-_LOG_TAIL:]
+        why = "timed out" if code is None else f"exited with {code}"
+        raise BackendUnavailableError(f"{rig.engine} run {why} after {seconds:.0f} s (log {log_path}):\n"
+                                      + "\n".join(tail))
+    if log is not None:
+        log(f"{rig.engine} engine run took {seconds:.0f} s (log {log_path})")
+    result = json.loads(res.read_text(encoding="utf-8"))
+    result["wall_s"] = seconds
+    return result
