@@ -36,9 +36,10 @@ PACKAGES = {"osprey_data": "osprey_data", "osprey_train": "osprey_train", "ospre
             "osprey_schemas": "schemas"}
 # Third-party packages that may be imported inside functions: heavy to import (torch and what
 # builds on it, matplotlib, datasets; jsonschema, which the schemas package loads only to
-# validate) or optional extras (sglang, flash-attn, s3fs) and engines living in venvs of their own (vllm).
-LAZY_THIRD_PARTY = {"torch", "transformers", "sglang", "flash_attn", "matplotlib", "datasets", "accelerate",
-                    "gguf", "s3fs", "jsonschema", "vllm"}
+# validate) or optional extras (sglang and its kernels, flash-attn, s3fs) and engines living in venvs
+# of their own (vllm).
+LAZY_THIRD_PARTY = {"torch", "transformers", "sglang", "sgl_kernel", "flash_attn", "matplotlib", "datasets",
+                    "accelerate", "gguf", "s3fs", "jsonschema", "vllm"}
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def test_the_builtin_export_matrix():
     with pytest.raises(ConfigError, match="exactly one"):
         drafter_spec("eagle3").check_export(two, "sglang")
     drafter_spec("eagle3").check_export(two, "vllm")
-    qwen3 = tiny_drafter("osprey").config.replace(family="qwen3")
+    qwen3 = tiny_drafter("osprey").config.replace(family="qwen3", qk_norm=True)
     with pytest.raises(ConfigError, match="q/k norms"):
         drafter_spec("osprey").check_export(qwen3, "vllm")
 

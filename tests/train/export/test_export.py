@@ -257,7 +257,7 @@ def test_engine_exports_refuse_what_the_engines_cannot_serve(tmp_path):
     run(ExportConfig(drafter=tmp_path / "two", format="hf", out=tmp_path / "hf"))  # our own format: fine
     deep = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, num_layers=2))
     save_drafter(deep, tmp_path / "deep")
-    with pytest.raises(ConfigError, match="has 2 layers; the engine's EAGLE-3 model runs exactly 1"):
+    with pytest.raises(ConfigError, match="has 2 layers; SGLang.s EAGLE-3 model runs exactly one"):
         run(ExportConfig(drafter=tmp_path / "deep", format="sglang", out=tmp_path / "deep-sglang"))
     run(ExportConfig(drafter=tmp_path / "deep", format="vllm", out=tmp_path / "deep-vllm"))  # vLLM 0.32 runs N layers
     run(ExportConfig(drafter=tmp_path / "deep", format="hf", out=tmp_path / "deep-hf"))
