@@ -32,8 +32,9 @@ def pytest_collection_modifyitems(config, items):
     # Interop tests need the speculators package, which lives in its own environment (its pins
     # differ from ours): they run only when the -m expression names them (`pytest -m interop`),
     # and there they fail rather than skip when the package is missing.
-    # The same for the SGLang engine tests (its venv: .ci/sglang_venv.sh): `pytest -m sglang_cpu`.
-    for marker in ("interop", "sglang_cpu"):
+    # The same for the SGLang engine tests (its venv: .ci/sglang_venv.sh): `pytest -m sglang_cpu`,
+    # and the vLLM ones (its venv: engines/setup_vllm.sh): `pytest -m engine`.
+    for marker in ("interop", "sglang_cpu", "engine"):
         if marker not in (config.getoption("markexpr") or ""):
             chosen = [item for item in items if marker in item.keywords]
             if chosen:

@@ -208,7 +208,9 @@ def run(config: EngineEvalConfig) -> EngineReport:
             _log(config, "live: our harness decodes the prompts with the drafter")
             report = run_live(LiveConfig(drafter=str(config.drafter), target=config.target, inputs=config.inputs,
                                          steps=config.steps, max_new_tokens=config.max_new_tokens, device="cpu",
-                                         baseline=False, threads=config.threads, progress=config.progress))
+                                         baseline=False, threads=config.threads, progress=config.progress,
+                                         # the engine's precision: "auto" would pick bf16 on an AMX CPU
+                                         precision=config.dtype))
             live = {s["id"]: s for s in report.samples}
     finally:
         torch.set_num_threads(before)

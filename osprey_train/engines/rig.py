@@ -4,13 +4,14 @@ The venv is made by ``engines/setup_vllm.sh`` (vLLM from PyPI, this package inst
 without dependencies). It is looked for in ``--venv``, then ``$OSPREY_VLLM_VENV``, then
 ``.venv-vllm`` in the current folder (the repository root, where the setup script puts it). A
 missing venv, or one without vLLM or without this package, is a one-line error saying how to make
-it; an engine run that fails returns the tail of its log in the error.
+it; an engine run that fails is one line: its last exception line and where the whole log is.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ __all__ = ["ENGINES", "EngineRig", "find_rig", "run_driver"]
 
 ENGINES = {"vllm": {"env": "OSPREY_VLLM_VENV", "default": ".venv-vllm", "setup": "engines/setup_vllm.sh",
                     "module": "vllm"}}
-_LOG_TAIL = 25
+_LOG_TAIL = 200   # log lines searched for the exception
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,21 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _cause(log_path: Path) -> str:
+    """The engine log's last exception line (errors are printed as one line; the log keeps the rest)."""
+    lines = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-_LOG_TAIL:]
+    for line in reversed(lines):
+        text = line.split("]: ")[-1].strip()   # vLLM prefixes worker lines with "[rank0]: "
+        if _EXCEPTION.match(text):
+            return text
+    return (lines[-1].strip() if lines else "the log is empty") or "?"
+
+
 def run_driver(rig: EngineRig, module: str, request: dict, workdir: Path, *, env: dict[str, str] | None = None,
                timeout_s: float | None = None, log=None) -> dict:
     """Run ``python -m module REQUEST.json RESULT.json`` in the engine's venv; return the result.
 
-    The engine's output goes to ``workdir/engine.log``; a failure raises with its last lines.
+    The engine's output goes to ``workdir/engine.log``; a failure raises with its last exception line.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     req, res, log_path = workdir / "engine-request.json", workdir / "engine-result.json", workdir / "engine.log"
@@ -84,10 +96,9 @@ def run_driver(rig: EngineRig, module: str, request: dict, workdir: Path, *, env
             code = None
     seconds = time.perf_counter() - t0
     if code != 0 or not res.is_file():
-        tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-_LOG_TAIL:]
         why = "timed out" if code is None else f"exited with {code}"
-        raise BackendUnavailableError(f"{rig.engine} run {why} after {seconds:.0f} s (log {log_path}):\n"
-                                      + "\n".join(tail))
+        raise BackendUnavailableError(f"{rig.engine} run {why} after {seconds:.0f} s: {_cause(log_path)} "
+                                      f"(the whole log: {log_path})")
     if log is not None:
         log(f"{rig.engine} engine run took {seconds:.0f} s (log {log_path})")
     result = json.loads(res.read_text(encoding="utf-8"))

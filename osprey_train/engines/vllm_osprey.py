@@ -40,6 +40,7 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaAttention, LlamaMLP
+from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 
 from osprey_train.engines.vllm_plugin import OSPREY_VLLM_ARCH, vllm_weight_name
 
@@ -89,15 +90,21 @@ class OspreyVLLMBody(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-class Eagle3OspreyForCausalLM(nn.Module):
-    """The Osprey drafter behind vLLM's EAGLE-3 proposer (see the module docstring)."""
+class Eagle3OspreyForCausalLM(Eagle3LlamaForCausalLM):
+    """The Osprey drafter behind vLLM's EAGLE-3 proposer (see the module docstring).
+
+    A subclass of vLLM's EAGLE-3 Llama class only because the proposer checks the draft model's
+    class (``isinstance`` in ``llm_base_proposer.propose``, vLLM 0.32): none of its construction or
+    weights is used (``__init__`` starts from ``nn.Module``), and every method the proposer calls is
+    defined here.
+    """
 
     # Both always come from the checkpoint: never replaced by the target's.
     has_own_embed_tokens = True
     has_own_lm_head = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__()
+        nn.Module.__init__(self)   # not the EAGLE-3 body: see the class docstring
         spec = vllm_config.speculative_config
         assert spec is not None, "the Osprey drafter runs only as a speculative draft model"
         config = spec.draft_model_config.hf_config
