@@ -126,7 +126,10 @@ def _swap_tap_blocks(state: dict) -> None:
 
 
 def _shift_d2t(state: dict) -> None:
-    state["d2t"] = torch.roll(state["d2t"], 1).contiguous()
+    """Every draft id mapped to its neighbour's target id (``d2t`` holds offsets: target = i + d2t[i])."""
+    offsets = state["d2t"]
+    index = torch.arange(offsets.numel(), dtype=offsets.dtype)
+    state["d2t"] = (torch.roll(index + offsets, 1) - index).contiguous()
 
 
 def _check(setup, arch: str, break_export) -> None:
