@@ -16,7 +16,8 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import HIDDEN_CODECS
-from osprey_data.target_model import TapLayers, parse_taps
+from osprey_data.cpu_threads import check_threads
+from osprey_data.target_model import TapLayers, check_device, parse_taps
 
 __all__ = ["BuildConfig", "BACKEND_NAMES", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
 
@@ -82,6 +83,8 @@ class BuildConfig:
     """Samples per generation/prefill batch."""
     device: str = "auto"
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (under torchrun: ``cuda:LOCAL_RANK``)."""
+    threads: int | None = field(default=None, metadata={"operational": True})
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
     dtype: str = field(default="auto", metadata={"choices": DTYPES})
     """Target precision (``osprey_data.target_model.precision``): weights dtype, or ``bf16-autocast``
     (float32 weights, bf16 matmuls); ``auto`` is bfloat16 on CUDA and on a CPU with bf16 matrix
@@ -139,6 +142,8 @@ class BuildConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        check_device(self.device)
+        check_threads(self.threads)
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.shard_max_tokens < 1:

@@ -46,6 +46,7 @@ from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_
 from osprey_data.builder.features import make_record, non_finite_reason
 from osprey_data.builder.output import check_output, replace_output
 from osprey_data.builder.partition import belongs_to
+from osprey_data.cpu_threads import torch_threads
 from osprey_data.conversation import ChatRenderer, InputSample, RenderedSample, iter_inputs
 from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMismatchError, ModelError,
                                 StoreNotFoundError)
@@ -446,7 +447,7 @@ def run(config: BuildConfig) -> BuildSummary:
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
     verdict = _check_before_loading(config)
-    with GracefulStop() as stop:
+    with GracefulStop() as stop, torch_threads(config.threads, print if config.progress else None):
         try:
             backend = BACKENDS[config.backend](config)
             try:

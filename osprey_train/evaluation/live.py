@@ -27,7 +27,7 @@ from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device, resolve_precision
-from osprey_train.evaluation.cpu_threads import torch_threads
+from osprey_data.cpu_threads import torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.options import LiveConfig
