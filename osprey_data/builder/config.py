@@ -16,6 +16,7 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import HIDDEN_CODECS
+from osprey_data.conversation.template_options import check_template_kwargs, parse_template_kwargs, read_chat_template
 from osprey_data.cpu_threads import check_threads
 from osprey_data.target_model import TapLayers, check_device, parse_taps
 
@@ -96,8 +97,11 @@ class BuildConfig:
     """This worker's index in [0, num_workers) (default: RANK or 0)."""
     gguf_file: str | None = None
     """GGUF file inside the ``target`` folder, loaded through transformers."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
-    """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``)."""
+    chat_template: str | None = None
+    """Jinja chat template file to render with instead of the target's own (the store header's
+    ``chat_template_hash`` is then this template's)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"parse": parse_template_kwargs})
+    """Extra variables for the chat template, a JSON object (e.g. '{"enable_thinking": false}' for Qwen3)."""
     shard_max_tokens: int = field(default=65536, metadata={"operational": True})
     """Tokens per store shard, the unit of commit (an interrupted build commits a shorter one)."""
     overwrite: bool = False
@@ -144,6 +148,10 @@ class BuildConfig:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         check_device(self.device)
         check_threads(self.threads)
+        self.chat_template_kwargs = check_template_kwargs(self.chat_template_kwargs)
+        if self.chat_template is not None:
+            self.chat_template = str(self.chat_template)
+            read_chat_template(self.chat_template)
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.shard_max_tokens < 1:

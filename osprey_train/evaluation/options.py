@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osprey_data.builder.config import DTYPES as PRECISIONS   # = target_model.PRECISIONS, free of torch
+from osprey_data.conversation.template_options import check_template_kwargs, parse_template_kwargs, read_chat_template
 from osprey_data.cpu_threads import check_threads
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_device
@@ -115,7 +116,9 @@ class LiveConfig:
     allow_target_mismatch: bool = False
     """Run even if the drafter was built for a target with another config/tokenizer hash."""
     out: str | None = None
-    """Optional JSON file to write the full report to."""
+    """Optional JSON file to write the full report to (each prompt's generated text included)."""
+    show_text: bool = False
+    """Print each prompt's generated text (speculative decoding's output) after the report."""
     threads: int | None = None
     """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
     precision: str = field(default="auto", metadata={"choices": PRECISIONS})
@@ -123,6 +126,11 @@ class LiveConfig:
     weights, bf16 matmuls) or 'auto' (bfloat16 on CUDA or a CPU with AMX/AVX512-BF16, else float32)."""
     draft_precision: str | None = field(default=None, metadata={"choices": PRECISIONS})
     """The drafter's precision (same names); None = the target's."""
+    chat_template: str | None = None
+    """Jinja chat template file to render the prompts with instead of the target's own (as the
+    store was built with ``osprey data build --chat-template``)."""
+    chat_template_kwargs: dict = field(default_factory=dict, metadata={"parse": parse_template_kwargs})
+    """Extra variables for the chat template, a JSON object (e.g. '{"enable_thinking": false}' for Qwen3)."""
     progress: bool = field(default=True, metadata={"cli": False})
     """Show a tqdm progress bar."""
 
@@ -147,6 +155,9 @@ class LiveConfig:
             raise ConfigError(f"live: --limit must be >= 1, got {self.limit}")
         check_device(self.device, "live")
         check_threads(self.threads, "live")
+        self.chat_template_kwargs = check_template_kwargs(self.chat_template_kwargs)
+        if self.chat_template is not None:
+            read_chat_template(self.chat_template)
         for name in ("precision", "draft_precision"):
             value = getattr(self, name)
             if value is not None and value not in PRECISIONS:

@@ -154,7 +154,7 @@ StoresSection = stage_table(
     "StoresSection", "``[stores]``: builder settings (:class:`BuildConfig` options) shared by every store.",
     Source(BuildConfig, wired=("target", "input", "out", "backend", "device", "dtype", "num_workers",
                                "worker_index", "gguf_file", "overwrite", "storage_options", "progress", "limit",
-                               "chat_template_kwargs", "threads"),
+                               "chat_template", "chat_template_kwargs", "threads"),
            placeholders={"target": "<target>", "input": ("<prompts>",), "out": "<store>", "num_workers": 1,
                          "worker_index": 0}),
     derived=("regenerate",))
