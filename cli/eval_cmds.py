@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from osprey_cli.config_options import ConfigOptions
+from osprey_data.cpu_threads import THREADS_HELP
 from osprey_train.evaluation.options import KV_MODES, AcceptanceConfig
 
 __all__ = ["acceptance", "matrix", "sweep"]
@@ -87,7 +88,7 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
     reports = tree_acceptance.run(tree_acceptance.TreeAcceptanceConfig(
         drafter=config.drafter, store=config.store, trees=_tree_shapes(trees), draft_kv=draft_kv,
         max_samples=config.max_samples, device=config.device, attention=config.attention,
-        temperature=config.temperature, progress=not as_json))
+        temperature=config.temperature, threads=config.threads, progress=not as_json))
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2, sort_keys=True))
     else:
@@ -111,8 +112,7 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
               help=_KV_HELP)
 @click.option("--max-samples", type=int, default=0, show_default=True, help="Samples (0 = all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--threads", type=int, default=None,
-              help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
+@click.option("--threads", type=int, default=None, help=THREADS_HELP)
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help=_TEMPERATURE_HELP + " Needs --grid-topk 1 or chain --tree S,1,S+1.")
 @click.option("--allow-temperature-mismatch", is_flag=True, help=_MISMATCH_HELP)
@@ -152,10 +152,11 @@ def sweep(drafter: Path, store: str, out: Path, cost: str | None, trees: tuple[s
 @click.option("--steps", type=int, default=5, show_default=True, help="Draft length S.")
 @click.option("--max-samples", type=int, default=0, show_default=True, help="Samples per store (0 = all).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--threads", type=int, default=None, help=THREADS_HELP)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help=_TEMPERATURE_HELP)
 @click.option("--allow-temperature-mismatch", is_flag=True, help=_MISMATCH_HELP)
 def matrix(drafters: tuple[str, ...], stores: tuple[str, ...], out: Path, steps: int, max_samples: int,
-           device: str, temperature: float, allow_temperature_mismatch: bool) -> None:
+           device: str, threads: int | None, temperature: float, allow_temperature_mismatch: bool) -> None:
     """Cross-domain acceptance matrix of drafters x eval stores (markdown table + heatmap).
 
     \b
@@ -166,7 +167,8 @@ def matrix(drafters: tuple[str, ...], stores: tuple[str, ...], out: Path, steps:
     from osprey_train.evaluation.matrix import MatrixConfig, parse_labeled, run, to_markdown
 
     res = run(MatrixConfig(drafters=parse_labeled(drafters, "--drafter"), stores=parse_labeled(stores, "--store"),
-                           out=out, steps=steps, max_samples=max_samples, device=device, temperature=temperature,
+                           out=out, steps=steps, max_samples=max_samples, device=device, threads=threads,
+                           temperature=temperature,
                            allow_temperature_mismatch=allow_temperature_mismatch))
     click.echo(to_markdown(res))
     click.echo(f"wrote {res.paths['markdown']}, {res.paths['png']}")

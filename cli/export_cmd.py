@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from osprey_data.cpu_threads import THREADS_HELP
+
 __all__ = ["export"]
 
 
@@ -21,7 +23,9 @@ __all__ = ["export"]
 @click.option("--sweep", type=click.Path(path_type=Path), default=None,
               help="sweep.json of `osprey eval sweep --cost ...`: its best shape becomes the recommended "
                    "--speculative-* flags (serving.json, README.md); default: the untuned chain 5,1,6.")
-def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool, sweep: Path | None) -> None:
+@click.option("--threads", type=int, default=None, help=THREADS_HELP)
+def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool, sweep: Path | None,
+           threads: int | None) -> None:
     """Export a drafter for serving (SGLang, vLLM) or as an Osprey checkpoint.
 
     \b
@@ -31,7 +35,8 @@ def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool, swee
     """
     from osprey_train.export import ExportConfig, run
 
-    result = run(ExportConfig(drafter=drafter, format=fmt, out=out, dtype=dtype, overwrite=overwrite, sweep=sweep))
+    result = run(ExportConfig(drafter=drafter, format=fmt, out=out, dtype=dtype, overwrite=overwrite, sweep=sweep,
+                              threads=threads))
     click.echo(f"exported {result.arch} drafter as {result.format} to {result.out}")
     if result.serving is not None:
         shape = result.serving.shape

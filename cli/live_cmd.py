@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from osprey_cli.config_options import ConfigOptions
+from osprey_data.text import printable, printable_text
 from osprey_train.evaluation.options import LiveConfig
 
 __all__ = ["live"]
@@ -31,6 +32,7 @@ def live(tree: str | None, as_json: bool, **params: Any) -> None:
     Example:
       osprey eval live --drafter runs/osprey/final --target MODEL --input prompts.jsonl --steps 4
       osprey eval live --drafter runs/osprey/final --target MODEL --input prompts.jsonl --tree 5,4,8
+      osprey eval live --drafter runs/osprey/final --target MODEL --input prompts.jsonl --show-text
     """
     from osprey_data.errors import ConfigError
     from osprey_train.evaluation.live import run
@@ -44,10 +46,18 @@ def live(tree: str | None, as_json: bool, **params: Any) -> None:
         shape, note = parse_tree_shape(tree)
         if note:
             click.echo(f"note: --tree {tree}: {note}", err=True)
-    report = run(OPTIONS.config(params, tree=shape, progress=not as_json))
+    config = OPTIONS.config(params, tree=shape, progress=not as_json)
+    report = run(config)
+    texts = [{"id": s["id"], "domain": s["domain"], "text": s["text"]} for s in report.samples]
     if as_json:
         doc = report.to_dict()
         doc.pop("samples")
+        if config.show_text:
+            doc["texts"] = texts
         click.echo(json.dumps(doc, indent=2))
-    else:
-        click.echo(report.to_markdown(), nl=False)
+        return
+    click.echo(report.to_markdown(), nl=False)
+    if config.show_text:
+        click.echo("\n## Generated text\n")
+        for t in texts:
+            click.echo(f"### {printable(t['id'])} ({printable(t['domain'])})\n\n{printable_text(t['text'])}\n")

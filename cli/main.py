@@ -29,6 +29,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "build": "osprey_cli.build_cmd:build",
         "validate": "osprey_cli.store_cmds:validate",
         "inspect": "osprey_cli.store_cmds:inspect",
+        "show": "osprey_cli.show_cmd:show",
         "merge": "osprey_cli.store_cmds:merge",
         "verify": "osprey_cli.store_cmds:verify",
         "tokenize-corpus": "osprey_cli.corpus_cmd:tokenize_corpus",
@@ -58,7 +59,7 @@ COMMANDS: dict[str, dict[str, str]] = {
 }
 
 _GROUP_HELP = {
-    "data": "Build, validate, verify, inspect and merge feature stores; tokenize pretraining corpora.",
+    "data": "Build, validate, verify, inspect, show and merge feature stores; tokenize pretraining corpora.",
     "train": "Stage 1 prune, Stage 2 pretrain, Stage 3 convert, Stage 4 distill.",
     "eval": "Offline acceptance length (chains, trees, tree-shape sweeps), cross-domain matrices, live decoding, engines.",
     "study": "Declarative, resumable comparisons of drafters (every stage, matrices, the paper's claims).",

@@ -12,7 +12,7 @@ characters itself).
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["printable", "printable_text"]
 
 
 def printable(value: object) -> str:
@@ -21,3 +21,9 @@ def printable(value: object) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def printable_text(text: str) -> str:
+    """Multi-line text (a stored sample, a generated answer) for a terminal: line breaks and tabs
+    kept, every other non-printable character escaped as :func:`printable` does."""
+    return "\n".join("\t".join(printable(part) for part in line.split("\t")) for line in str(text).split("\n"))

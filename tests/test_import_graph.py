@@ -240,7 +240,8 @@ def test_help_does_not_import_torch(args):
 
 # -- fences against old names coming back ------------------------------------------------------
 # Renamed or replaced names: a module importing one of them fails here, with the new name.
-RENAMED_MODULES = {"osprey_data.target": "osprey_data.target_model"}
+RENAMED_MODULES = {"osprey_data.target": "osprey_data.target_model",
+                   "osprey_train.evaluation.cpu_threads": "osprey_data.cpu_threads"}
 # Architecture switches: the drafter registry (osprey_train/drafters/) is the one place that knows
 # the architectures; everything else asks it (``drafter_spec(arch).needs_backbone`` and so on).
 REGISTRY = ROOT / "osprey_train" / "drafters"

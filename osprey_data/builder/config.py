@@ -16,7 +16,9 @@ from typing import Any
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import HIDDEN_CODECS
-from osprey_data.target_model import TapLayers, parse_taps
+from osprey_data.conversation.template_options import check_template_kwargs, parse_template_kwargs, read_chat_template
+from osprey_data.cpu_threads import check_threads
+from osprey_data.target_model import TapLayers, check_device, parse_taps
 
 __all__ = ["BuildConfig", "BACKEND_NAMES", "CONTENT_FIELDS", "OVERFLOW_POLICIES", "ON_ERROR_POLICIES", "DTYPES"]
 
@@ -82,6 +84,8 @@ class BuildConfig:
     """Samples per generation/prefill batch."""
     device: str = "auto"
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (under torchrun: ``cuda:LOCAL_RANK``)."""
+    threads: int | None = field(default=None, metadata={"operational": True})
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
     dtype: str = field(default="auto", metadata={"choices": DTYPES})
     """Target precision (``osprey_data.target_model.precision``): weights dtype, or ``bf16-autocast``
     (float32 weights, bf16 matmuls); ``auto`` is bfloat16 on CUDA and on a CPU with bf16 matrix
@@ -93,8 +97,11 @@ class BuildConfig:
     """This worker's index in [0, num_workers) (default: RANK or 0)."""
     gguf_file: str | None = None
     """GGUF file inside the ``target`` folder, loaded through transformers."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
-    """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``)."""
+    chat_template: str | None = None
+    """Jinja chat template file to render with instead of the target's own (the store header's
+    ``chat_template_hash`` is then this template's)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"parse": parse_template_kwargs})
+    """Extra variables for the chat template, a JSON object (e.g. '{"enable_thinking": false}' for Qwen3)."""
     shard_max_tokens: int = field(default=65536, metadata={"operational": True})
     """Tokens per store shard, the unit of commit (an interrupted build commits a shorter one)."""
     overwrite: bool = False
@@ -139,6 +146,12 @@ class BuildConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        check_device(self.device)
+        check_threads(self.threads)
+        self.chat_template_kwargs = check_template_kwargs(self.chat_template_kwargs)
+        if self.chat_template is not None:
+            self.chat_template = str(self.chat_template)
+            read_chat_template(self.chat_template)
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.shard_max_tokens < 1:

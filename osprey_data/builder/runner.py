@@ -46,7 +46,9 @@ from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_
 from osprey_data.builder.features import make_record, non_finite_reason
 from osprey_data.builder.output import check_output, replace_output
 from osprey_data.builder.partition import belongs_to
-from osprey_data.conversation import ChatRenderer, InputSample, RenderedSample, iter_inputs
+from osprey_data.cpu_threads import torch_threads
+from osprey_data.conversation import (ChatRenderer, InputSample, RenderedSample, iter_inputs, read_chat_template,
+                                      use_chat_template)
 from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMismatchError, ModelError,
                                 StoreNotFoundError)
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
@@ -222,7 +224,7 @@ def _check_existing_store(config: BuildConfig, header: Any) -> None:
         diffs.append(f"the target differs in {', '.join(fields)} (store: {old.target.name_or_path!r}, "
                      f"this run: {header.target.name_or_path!r})")
     if old.chat_template_hash != header.chat_template_hash:
-        diffs.append("the target's chat template differs")
+        diffs.append("the chat template differs (the target's own, or --chat-template FILE)")
     if old.builder_version != header.builder_version:
         diffs.append(f"builder version differs (store: {old.builder_version}, this run: {header.builder_version})")
     for name in ("topk", "hidden_codec", "has_final_hidden", "taps"):
@@ -446,10 +448,12 @@ def run(config: BuildConfig) -> BuildSummary:
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
     verdict = _check_before_loading(config)
-    with GracefulStop() as stop:
+    with GracefulStop() as stop, torch_threads(config.threads, print if config.progress else None):
         try:
             backend = BACKENDS[config.backend](config)
             try:
+                if config.chat_template is not None:   # before the header: its hash is this template's
+                    use_chat_template(backend.tokenizer, read_chat_template(config.chat_template))
                 return _build(config, backend, samples, input_errors, verdict, stop, t0)
             finally:
                 backend.close()

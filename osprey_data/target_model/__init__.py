@@ -6,6 +6,7 @@ target) and the trainer (which converts, distills, evaluates and exports drafter
     TargetIdentity, identify_target      which target, by config and tokenizer hash
     TapLayers, default_tap_layers        tapped hidden states, with the SGLang / vLLM numbering
     load_hf_target, resolve_device       loading with transformers, device choice
+    check_device                         a --device spelling, checked without torch
     resolve_precision, Precision         float32 / bf16 weights / bf16 autocast, by CPU capability
     check_compatible                     a drafter against a store's or a live target
     TapCapture, decoder_layers           tapped hidden states taken with hooks during a forward
@@ -16,8 +17,8 @@ from __future__ import annotations
 from osprey_data.target_model.compat import DrafterTargetSpec, check_compatible
 from osprey_data.target_model.identity import (TargetIdentity, chat_template_hash, config_hash, identify_target,
                                          text_config, tokenizer_hash)
-from osprey_data.target_model.loading import (check_target_exists, load_hf_target, peek_num_layers, resolve_device,
-                                        split_gguf)
+from osprey_data.target_model.loading import (DEVICE_FORMS, check_device, check_target_exists, load_hf_target,
+                                              peek_num_layers, resolve_device, split_gguf)
 from osprey_data.target_model.precision import (PRECISIONS, TRAIN_PRECISIONS, Precision, cpu_bf16_capable,
                                                 prepack_linears, resolve_precision)
 from osprey_data.target_model.tap_capture import TapCapture, decoder_layers
@@ -26,7 +27,7 @@ from osprey_data.target_model.taps import TAP_CONVENTIONS, TapLayers, default_ta
 __all__ = [
     "TargetIdentity", "identify_target", "config_hash", "tokenizer_hash", "chat_template_hash", "text_config",
     "TapLayers", "TAP_CONVENTIONS", "default_tap_layers", "parse_taps",
-    "load_hf_target", "resolve_device", "split_gguf", "check_target_exists", "peek_num_layers",
+    "load_hf_target", "resolve_device", "check_device", "DEVICE_FORMS", "split_gguf", "check_target_exists", "peek_num_layers",
     "check_compatible", "DrafterTargetSpec", "TapCapture", "decoder_layers",
     "PRECISIONS", "TRAIN_PRECISIONS", "Precision", "cpu_bf16_capable", "prepack_linears", "resolve_precision",
 ]

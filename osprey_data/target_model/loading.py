@@ -6,6 +6,7 @@ the data package on its ``--help`` path.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,21 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["load_hf_target", "resolve_device", "split_gguf", "check_target_exists", "peek_num_layers"]
+__all__ = ["load_hf_target", "resolve_device", "check_device", "DEVICE_FORMS", "split_gguf", "check_target_exists", "peek_num_layers"]
+
+
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+"""The device strings every command accepts (``--device``)."""
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def check_device(device: object, where: str = "", option: str = "--device") -> str:
+    """``device`` if it is one of :data:`DEVICE_FORMS`, else :class:`ConfigError` (``where`` prefixes
+    the message). Checks the spelling only (no torch): config ``__post_init__`` calls it, so a typo
+    such as ``gpu`` fails before any model loads; :func:`resolve_device` checks CUDA is there."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ConfigError(f"{where}{': ' if where else ''}{option} {device!r} is not a device; use {DEVICE_FORMS}")
+    return device
 
 
 def resolve_device(device: str) -> str:

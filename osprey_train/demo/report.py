@@ -11,11 +11,30 @@ from typing import Any
 
 from osprey_data.atomic import atomic_file, write_text
 
-__all__ = ["write_report", "render_markdown", "plot", "figure", "limits_sentence", "acceptance_axis"]
+__all__ = ["write_report", "render_markdown", "plot", "figure", "limits_sentence", "acceptance_axis",
+           "domain_counts", "reading_note"]
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def domain_counts(summary: dict[str, Any]) -> dict[str, int | None]:
+    """Held-out prompts per domain (n): the live run decodes the eval store's prompts, one each."""
+    live = summary["live"]["per_domain"]
+    domains = set(summary["offline"]["distilled"]["per_domain"]) | set(live)
+    return {d: live.get(d, {}).get("prompts") for d in sorted(domains)}
+
+
+def reading_note(summary: dict[str, Any]) -> str:
+    """How to read the acceptance figures: n per domain, and what 1.0 and S + 1 mean."""
+    counts = [n for n in domain_counts(summary).values() if n is not None]
+    steps = summary["sizes"]["draft_steps"]
+    few = (f" A domain's figure comes from {min(counts)} to {max(counts)} prompt(s)"
+           f"{' (n = 1: a single prompt, an anecdote rather than a measurement)' if min(counts) == 1 else ''}."
+           if counts else "")
+    return (f"n = held-out prompts per domain.{few} Acceptance length 1.0 means no drafted token was accepted "
+            f"(each verify step kept only the target's own token); {steps + 1} (S + 1) means every draft was.")
 
 
 def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> str:
@@ -37,17 +56,21 @@ def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> st
         "",
         "## Acceptance length (tokens per verify step, greedy, held-out prompts)",
         "",
-        "| domain | offline, converted (init) | offline, distilled | live, distilled |",
-        "|---|---:|---:|---:|",
+        "| domain | n | offline, converted (init) | offline, distilled | live, distilled |",
+        "|---|---:|---:|---:|---:|",
     ]
+    counts = domain_counts(summary)
     for d in domains:
-        lines.append(f"| {d} | {_fmt(off['converted']['per_domain'].get(d))} | "
+        n = "?" if counts.get(d) is None else counts[d]
+        lines.append(f"| {d} | {n} | {_fmt(off['converted']['per_domain'].get(d))} | "
                      f"{_fmt(off['distilled']['per_domain'].get(d))} | "
                      f"{_fmt(live['per_domain'].get(d, {}).get('acceptance_length'))} |")
-    lines.append(f"| **all** | {_fmt(off['converted']['overall'])} | **{_fmt(off['distilled']['overall'])}** | "
-                 f"**{_fmt(live['acceptance_length'])}** |")
+    lines.append(f"| **all** | {live.get('num_prompts', '?')} | {_fmt(off['converted']['overall'])} | "
+                 f"**{_fmt(off['distilled']['overall'])}** | **{_fmt(live['acceptance_length'])}** |")
     diff = live["acceptance_length"] - off["distilled"]["overall"]
     lines += [
+        "",
+        reading_note(summary),
         "",
         f"Offline vs live (same drafter, same prompts): difference {diff:+.4f}. The store holds exactly the "
         f"ids the target generated, so greedy offline acceptance equals live acceptance; a gap means the "
@@ -137,11 +160,13 @@ def figure(summary: dict[str, Any]) -> Any:
     for k, (label, values, color) in enumerate(series):
         bars = ax1.bar([x + (k - 1) * width for x in xs], values, width, label=label, color=color)
         ax1.bar_label(bars, fmt="%.3f", fontsize=6, padding=1)
-    ax1.set_xticks(list(xs), domains)
+    counts = {**domain_counts(summary), "all": live.get("num_prompts")}
+    ax1.set_xticks(list(xs), [d if counts.get(d) is None else f"{d}\nn={counts[d]}" for d in domains])
     lo, hi = acceptance_axis([v for _, values, _ in series for v in values])
     ax1.set_ylim(lo, hi)
     ax1.set_ylabel(f"acceptance length (tokens / verify step)\naxis from {lo:.2f}")
-    ax1.set_title(f"S={summary['sizes']['draft_steps']}, greedy, held-out prompts", fontsize=10)
+    ax1.set_title(f"S={summary['sizes']['draft_steps']}, greedy, held-out prompts (n per domain); "
+                  f"1.0 = no draft accepted", fontsize=10)
     # below the axes, so it never covers a bar
     ax1.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     names = ["target alone", "speculative\n(Osprey drafter)"]

@@ -24,10 +24,10 @@ import torch
 from tqdm.auto import tqdm
 
 from osprey_data.atomic import write_json
-from osprey_data.conversation import iter_inputs, stop_token_ids
+from osprey_data.conversation import iter_inputs, read_chat_template, stop_token_ids, use_chat_template
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device, resolve_precision
-from osprey_train.evaluation.cpu_threads import torch_threads
+from osprey_data.cpu_threads import torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.options import LiveConfig
@@ -60,7 +60,9 @@ def _run(config: LiveConfig) -> LiveReport:
                      where=f"live: drafter {config.drafter} on target {config.target}",
                      check_identity=not config.allow_target_mismatch,
                      hint="use the drafter's own target, or pass --allow-target-mismatch")
-    prompts = load_prompts(config.inputs, tokenizer, limit=config.limit, samples=samples)
+    use_chat_template(tokenizer, None if config.chat_template is None else read_chat_template(config.chat_template))
+    prompts = load_prompts(config.inputs, tokenizer, limit=config.limit, samples=samples,
+                           template_kwargs=config.chat_template_kwargs)
     eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     taps = drafter.config.tap_layers.layer_ids
     target = HFTargetSession(model, taps)
@@ -116,7 +118,9 @@ def _run(config: LiveConfig) -> LiveReport:
                         "seconds": res.seconds, "plain_seconds": plain_results[-1].seconds if config.baseline else None,
                         "plain_tokens": len(plain_results[-1].output_ids) if config.baseline else None,
                         "identical": identical, "finish_reason": res.finish_reason,
-                        "output_ids": list(res.output_ids)})
+                        "output_ids": list(res.output_ids),
+                        "text": tokenizer.decode(list(res.output_ids), skip_special_tokens=False,
+                                                 clean_up_tokenization_spaces=False)})
     report = summarize(samples, steps=steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
     report.precision = {"target": precision.name, "drafter": draft_precision.name}

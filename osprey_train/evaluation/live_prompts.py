@@ -30,10 +30,12 @@ class LivePrompt:
 
 
 def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: int | None = None,
-                 samples: list[InputSample] | None = None) -> list[LivePrompt]:
+                 samples: list[InputSample] | None = None,
+                 template_kwargs: dict[str, Any] | None = None) -> list[LivePrompt]:
     """Read prompt files (or take ``samples`` already read from them) and render each
-    conversation up to its last user turn."""
-    renderer = ChatRenderer(tokenizer, stop_ids=frozenset({-1}))  # stop ids unused for prompts
+    conversation up to its last user turn (``template_kwargs``: extra chat-template variables)."""
+    renderer = ChatRenderer(tokenizer, stop_ids=frozenset({-1}),  # stop ids unused for prompts
+                            template_kwargs=template_kwargs)
     by_domain: dict[str, list[LivePrompt]] = defaultdict(list)
     order: list[str] = []
     for sample in (samples if samples is not None else iter_inputs(list(inputs))):

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osprey_data.builder.config import DTYPES as PRECISIONS   # = target_model.PRECISIONS, free of torch
+from osprey_data.conversation.template_options import check_template_kwargs, parse_template_kwargs, read_chat_template
+from osprey_data.cpu_threads import check_threads
 from osprey_data.errors import ConfigError
+from osprey_data.target_model import check_device
 from osprey_train.evaluation.tree_shape import TreeShape
 
 __all__ = ["DraftingOptions", "AcceptanceConfig", "LiveConfig", "KV_MODES", "ATTENTION_IMPLS", "TAP_CODECS"]
@@ -35,6 +38,8 @@ class DraftingOptions:
     """Samples to evaluate per store (0 = all)."""
     device: str = "auto"
     """Device of the drafter: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+    threads: int | None = None
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
     attention: str = field(default="sdpa", metadata={"choices": ATTENTION_IMPLS})
     """TTT attention implementation used to draft all positions at once (sdpa, eager, flex)."""
     progress: bool = field(default=True, metadata={"cli": False})
@@ -52,6 +57,8 @@ class DraftingOptions:
             raise ConfigError(f"{command}: --steps must be >= 1, got {self.steps}")
         if self.max_samples < 0:
             raise ConfigError(f"{command}: --max-samples must be >= 0, got {self.max_samples}")
+        check_device(self.device, command)
+        check_threads(self.threads, command)
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"{command}: --temperature must be a number >= 0, got {self.temperature}")
         if self.attention not in ATTENTION_IMPLS:
@@ -109,14 +116,21 @@ class LiveConfig:
     allow_target_mismatch: bool = False
     """Run even if the drafter was built for a target with another config/tokenizer hash."""
     out: str | None = None
-    """Optional JSON file to write the full report to."""
+    """Optional JSON file to write the full report to (each prompt's generated text included)."""
+    show_text: bool = False
+    """Print each prompt's generated text (speculative decoding's output) after the report."""
     threads: int | None = None
-    """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
     precision: str = field(default="auto", metadata={"choices": PRECISIONS})
     """Target precision: 'float32', 'bfloat16' (prepacked bf16 linears on CPU), 'bf16-autocast' (float32
     weights, bf16 matmuls) or 'auto' (bfloat16 on CUDA or a CPU with AMX/AVX512-BF16, else float32)."""
     draft_precision: str | None = field(default=None, metadata={"choices": PRECISIONS})
     """The drafter's precision (same names); None = the target's."""
+    chat_template: str | None = None
+    """Jinja chat template file to render the prompts with instead of the target's own (as the
+    store was built with ``osprey data build --chat-template``)."""
+    chat_template_kwargs: dict = field(default_factory=dict, metadata={"parse": parse_template_kwargs})
+    """Extra variables for the chat template, a JSON object (e.g. '{"enable_thinking": false}' for Qwen3)."""
     progress: bool = field(default=True, metadata={"cli": False})
     """Show a tqdm progress bar."""
 
@@ -139,8 +153,11 @@ class LiveConfig:
             raise ConfigError(f"live: --max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"live: --limit must be >= 1, got {self.limit}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"live: --threads must be >= 1, got {self.threads}")
+        check_device(self.device, "live")
+        check_threads(self.threads, "live")
+        self.chat_template_kwargs = check_template_kwargs(self.chat_template_kwargs)
+        if self.chat_template is not None:
+            read_chat_template(self.chat_template)
         for name in ("precision", "draft_precision"):
             value = getattr(self, name)
             if value is not None and value not in PRECISIONS:

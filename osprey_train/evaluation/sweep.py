@@ -25,7 +25,7 @@ from osprey_data.schema_check import load_json, validate
 from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import load_drafter_and_store, sampled_reports
 from osprey_train.evaluation.cost_model import CostModel
-from osprey_train.evaluation.cpu_threads import torch_threads
+from osprey_data.cpu_threads import torch_threads
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.evaluation.tree_acceptance import TREE_SAMPLING_REASON, evaluate_tree_acceptance
 from osprey_train.evaluation.tree_draft import KV_MODES
@@ -77,8 +77,6 @@ class SweepConfig(DraftingOptions):
     """Cost model for predicted speedups (None: acceptance lengths only, no best shape)."""
     draft_kv: str = "sglang"
     """Which earlier tree nodes a drafted node attends to: 'sglang' (as served) or 'ancestors'."""
-    threads: int | None = None
-    """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
 
     def __post_init__(self) -> None:
         self.drafter, self.out = Path(self.drafter), Path(self.out)

@@ -35,7 +35,7 @@ from osprey_data.errors import ConfigError
 from osprey_train.evaluation.acceptance import (AcceptanceConfig, AcceptanceReport, RoundTally,
                                                 greedy_consistency_counts, has_verify_round, load_drafter_and_store,
                                                 store_verdict, walk_rounds)
-from osprey_train.evaluation.cpu_threads import torch_threads
+from osprey_data.cpu_threads import torch_threads
 from osprey_train.evaluation.tree_draft import KV_MODES, draft_prefix, grow_trees, round_roots
 from osprey_train.evaluation.tree_growth import TreeCandidates, accepted_depths, select_nodes
 from osprey_train.evaluation.tree_shape import TreeShape
@@ -107,8 +107,6 @@ class TreeAcceptanceConfig(AcceptanceConfig):
     """Tree shapes to evaluate (``steps`` of the base options is not used)."""
     draft_kv: str = "sglang"
     """Which earlier tree nodes a drafted node attends to: 'sglang' (as served) or 'ancestors'."""
-    threads: int | None = None
-    """torch CPU threads; None = torch's default, or 1 when the machine is already busy."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

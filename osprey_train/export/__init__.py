@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from osprey_data.cpu_threads import check_threads, torch_threads
 from osprey_data.errors import ConfigError
 from osprey_train.export.common import DTYPES
 from osprey_train.export.hf import read_hf, write_hf
@@ -44,6 +45,8 @@ class ExportConfig:
     """Replace ``out`` if it exists."""
     sweep: Path | None = None
     """``--format sglang``: a ``sweep.json`` whose best shape becomes the recommended serving flags."""
+    threads: int | None = None
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
 
     def __post_init__(self) -> None:
         self.drafter, self.out = Path(self.drafter), Path(self.out)
@@ -55,6 +58,7 @@ class ExportConfig:
             raise ConfigError(f"export: --dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.out.resolve() == self.drafter.resolve():
             raise ConfigError("export: --out must differ from --drafter")
+        check_threads(self.threads, "export")
 
 
 @dataclass(kw_only=True)
@@ -76,10 +80,11 @@ def run(config: ExportConfig) -> ExportResult:
     extra = {}
     if config.format == "sglang":  # read the sweep before the model: a bad file fails first
         extra["serving"] = recommend(config.sweep)
-    model = load_drafter(config.drafter)
-    writer, _ = EXPORTERS[config.format]
-    writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
-           **extra)
+    with torch_threads(config.threads, print):
+        model = load_drafter(config.drafter)
+        writer, _ = EXPORTERS[config.format]
+        writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
+               **extra)
     return ExportResult(out=config.out, arch=model.config.arch, format=config.format,
                         serving=extra.get("serving"))
 

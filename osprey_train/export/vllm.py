@@ -33,15 +33,19 @@ reduced draft vocabulary. vLLM has no such class of its own: this package regist
 (:mod:`osprey_train.engines.vllm_osprey`) through vLLM's plugin entry point, so the folder loads
 wherever this package is installed next to vLLM. Llama and Qwen2 families; Qwen3 (q/k norms) is
 refused.
+
+Both layouts come with a ``README.md`` holding the ``vllm serve`` launch line (:func:`vllm_readme`).
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 import torch
 
-from osprey_data.atomic import write_json
+from osprey_data.atomic import write_json, write_text
 from osprey_data.errors import CheckpointError
 from osprey_data.target_model import TapLayers
 from osprey_train.drafters.osprey import VLLM_FAMILIES as VLLM_OSPREY_FAMILIES
@@ -54,7 +58,7 @@ from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
 __all__ = ["write_vllm", "write_eagle3_vllm", "write_osprey_vllm", "read_vllm", "SPECULATORS_VERSION",
-           "SPECULATORS_MODEL_TYPE", "OSPREY_VLLM_ARCH", "VLLM_OSPREY_FAMILIES", "eagle3_vllm_name"]
+           "SPECULATORS_MODEL_TYPE", "OSPREY_VLLM_ARCH", "VLLM_OSPREY_FAMILIES", "eagle3_vllm_name", "vllm_readme"]
 
 SPECULATORS_VERSION = "0.3.0"
 SPECULATORS_MODEL_TYPE = "eagle3"
@@ -95,6 +99,26 @@ def write_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Pat
                   speculative_tokens=speculative_tokens)
 
 
+def vllm_readme(model: Drafter, export_dir: Path, *, speculative_tokens: int = 3, plugin: bool = False) -> str:
+    """The README of a vLLM export: the ``vllm serve`` line (and with ``plugin``, for a drafter served
+    by this package's own model class, the install step it needs: this package next to vLLM)."""
+    cfg = model.config
+    target = "TARGET" if cfg.target is None or not cfg.target.name_or_path else cfg.target.name_or_path
+    spec = json.dumps({"model": str(Path(export_dir).resolve()), "method": "eagle3",
+                       "num_speculative_tokens": speculative_tokens})
+    install = ""
+    if plugin:
+        install = ("# vLLM serves this drafter with Osprey's own model class, registered through the vLLM plugin\n"
+                   "# entry point: install Osprey into vLLM's environment (not from PyPI, where `osprey` is another\n"
+                   "# project), from a clone of the Osprey repository:\npip install -e .\n")
+    return "\n".join([
+        "# Serving this drafter with vLLM", "",
+        f"Architecture: {drafter_spec(cfg.arch).serving_label}; target: `{target}`.", "",
+        "```bash", f"{install}vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)}", "```", "",
+        f"`num_speculative_tokens` is the chain's draft length per verify round ({speculative_tokens} here); "
+        "measure a few values on your hardware (`osprey eval engine`, `osprey eval sweep`).", ""])
+
+
 def write_eagle3_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
                       speculative_tokens: int = 3) -> Path:
     """The speculators EAGLE-3 layout, which vLLM loads natively."""
@@ -125,14 +149,14 @@ def write_eagle3_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_d
         state["d2t"] = offset_d2t(model.draft_to_target)
         state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
     # (a full draft vocabulary is the identity map: draft ids are sorted target ids)
-    return _write(out, state, doc, source_dir, overwrite)
+    readme = vllm_readme(model, out, speculative_tokens=speculative_tokens)
+    return _write(out, state, doc, source_dir, overwrite, readme)
 
 
 def write_osprey_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
                       speculative_tokens: int = 3) -> Path:
     """The Osprey layout served by this package's vLLM model class (``speculative_tokens`` is the
     serving command's choice there: vLLM reads no proposal method from this config)."""
-    del speculative_tokens
     cfg = model.config
     assert cfg.family in VLLM_OSPREY_FAMILIES, "check_export refuses the other families"
     doc = {**llama_layer_config(cfg, dtype), "architectures": [OSPREY_VLLM_ARCH],
@@ -143,14 +167,16 @@ def write_osprey_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_d
     if model.draft_to_target is not None:
         state["d2t"] = offset_d2t(model.draft_to_target)
         state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
-    return _write(out, state, doc, source_dir, overwrite)
+    readme = vllm_readme(model, out, speculative_tokens=speculative_tokens, plugin=True)
+    return _write(out, state, doc, source_dir, overwrite, readme)
 
 
-def _write(out: Path, state: dict, doc: dict, source_dir: Path | None, overwrite: bool) -> Path:
+def _write(out: Path, state: dict, doc: dict, source_dir: Path | None, overwrite: bool, readme: str) -> Path:
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
         write_json(tmp / "config.json", doc)
         copy_side_files(source_dir, tmp)
+        write_text(tmp / "README.md", readme)
 
     return write_folder(out, fill, overwrite=overwrite)
 

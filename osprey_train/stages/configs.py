@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from osprey_data.cpu_threads import check_threads
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import TapLayers, parse_taps
 from osprey_train.drafters.registry import arch_names, drafter_spec
@@ -61,6 +62,8 @@ class PretrainConfig:
     """Softmax temperature tau of both distributions in the KD term."""
     kd_weight: float = 1.0
     """Weight of the KD term; ``1 - kd_weight`` goes to the hard next-token cross-entropy."""
+    threads: int | None = field(default=None, metadata={"operational": True})
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
 
     def __post_init__(self) -> None:
         self.model, self.corpus = Path(self.model), Path(self.corpus)
@@ -78,6 +81,7 @@ class PretrainConfig:
                 raise ConfigError(f"pretrain: {name} must be an integer >= 1, got {value!r}")
         if not 0.0 < self.heldout_fraction < 0.5:
             raise ConfigError(f"pretrain: heldout_fraction must be in (0, 0.5), got {self.heldout_fraction}")
+        check_threads(self.threads, "pretrain")
 
     def trainer_loop(self) -> LoopConfig:
         """``loop`` as the trainer runs it: evaluated at step 0, the stage config recorded."""
@@ -114,9 +118,12 @@ class ConvertConfig:
     """eagle3: decoder layers (1 = the EAGLE-3 baseline; 2 = the paper's parameter-matched control)."""
     overwrite: bool = False
     """Replace ``out`` if it exists."""
+    threads: int | None = field(default=None, metadata={"operational": True})
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        check_threads(self.threads, "convert")
         if self.arch not in arch_names():
             raise ConfigError(f"convert: --arch must be one of {list(arch_names())}, got {self.arch!r}")
         drafter_spec(self.arch).check_convert(self)   # which of --backbone / --target / --store it needs
@@ -180,6 +187,8 @@ class DistillConfig:
     """Eval-store samples used per evaluation (0 = all)."""
     eval_draft_steps: int = 5
     """Draft length S of the acceptance evaluation."""
+    threads: int | None = field(default=None, metadata={"operational": True})
+    """torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."""
 
     def __post_init__(self) -> None:
         self.drafter = Path(self.drafter)
@@ -196,3 +205,4 @@ class DistillConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"distill: {msg}")
+        check_threads(self.threads, "distill")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from osprey_data.cpu_threads import torch_threads
 from osprey_data.errors import InputError
 from osprey_train.drafters.eagle3 import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from osprey_train.drafters.registry import drafter_spec
@@ -136,4 +137,5 @@ def convert_eagle3(config: ConvertConfig) -> ConvertResult:
 
 def run(config: ConvertConfig) -> ConvertResult:
     """Write the initial drafter of ``config.arch``: its registered convert entry (``DrafterSpec.convert``)."""
-    return drafter_spec(config.arch).load("convert")(config)
+    with torch_threads(config.threads, print):
+        return drafter_spec(config.arch).load("convert")(config)

@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
+from osprey_data.cpu_threads import torch_threads
 from osprey_data.errors import CheckpointError, ConfigError, InputError
 from osprey_data.target_model import load_hf_target
 from osprey_train.stages.configs import PretrainConfig
@@ -236,9 +237,10 @@ def _check_resume(cfg: PretrainConfig) -> None:
 
 def run(cfg: PretrainConfig) -> PretrainResult:
     """Pretrain ``cfg.model`` on ``cfg.corpus``; the trained model lands in ``cfg.loop.out_dir/final``."""
-    task = PretrainTask(cfg)
-    _check_resume(cfg)
-    result = train(task, cfg.trainer_loop(), cfg.optim)
+    with torch_threads(cfg.threads, print if cfg.loop.progress else None):
+        task = PretrainTask(cfg)
+        _check_resume(cfg)
+        result = train(task, cfg.trainer_loop(), cfg.optim)
     initial = next((h["eval_ppl"] for h in result.eval_history if h["step"] == 0), None)
     final = result.last_eval.get("eval_ppl")
     return PretrainResult(final_dir=result.final_dir, initial_ppl=initial, final_ppl=final,

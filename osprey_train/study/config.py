@@ -148,13 +148,13 @@ class DomainSection:
 
 # Loop options every training stage of a study sets itself: where it writes, how it runs.
 _LOOP_WIRED = ("out", "resume", "resume_if_any", "device", "distributed", "progress", "plot", "keep_checkpoints", "log_every",
-               "eval_at_start", "extra")
+               "eval_at_start", "extra", "threads")   # threads: the stage config's own, set from [study] threads
 
 StoresSection = stage_table(
     "StoresSection", "``[stores]``: builder settings (:class:`BuildConfig` options) shared by every store.",
     Source(BuildConfig, wired=("target", "input", "out", "backend", "device", "dtype", "num_workers",
                                "worker_index", "gguf_file", "overwrite", "storage_options", "progress", "limit",
-                               "chat_template_kwargs"),
+                               "chat_template", "chat_template_kwargs", "threads"),
            placeholders={"target": "<target>", "input": ("<prompts>",), "out": "<store>", "num_workers": 1,
                          "worker_index": 0}),
     derived=("regenerate",))

@@ -41,7 +41,7 @@ from typing import Any
 from osprey_data.atomic import replace_dir, write_json, write_text
 from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
-from osprey_train.evaluation.cpu_threads import busy_machine_threads
+from osprey_data.cpu_threads import busy_machine_threads
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import Node, Plan, build_plan
 from osprey_train.study.stages import EXECUTORS, Inputs, StageContext

@@ -131,7 +131,7 @@ def _store(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[st
     summary = build(node.settings.build(
         BuildConfig, target=target, gguf_file=gguf, input=(str(inputs.out("prompts")),),
         out=str(work / OUTPUTS["store"]), backend="hf", device=ctx.device, dtype="float32", num_workers=1,
-        worker_index=0, progress=ctx.progress))
+        worker_index=0, progress=ctx.progress, threads=_threads()))
     return summary.to_dict()
 
 
@@ -168,7 +168,7 @@ def _convert(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
     target_arg = str(Path(target) / gguf) if gguf else target
     backbone = inputs.out("backbone") if "backbone" in inputs else None
     result = convert(node.settings.build(ConvertConfig, out=work / OUTPUTS["convert"], store=str(inputs.out("store")),
-                                         target=target_arg, backbone=backbone))
+                                         target=target_arg, backbone=backbone, threads=_threads()))
     return {k: v for k, v in result.stats.items() if isinstance(v, (int, float, str))}
 
 
@@ -186,7 +186,14 @@ def _distill(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
 def _loop_wiring(ctx: StageContext, work: Path, *, log_every: int) -> dict[str, Any]:
     """The trainer options a study sets for every training stage (``_LOOP_WIRED`` in config.py)."""
     return dict(out=work / "run", resume_if_any=True, device=ctx.device, distributed="none", progress=ctx.progress,
-                keep_checkpoints=1, plot=False, log_every=log_every)
+                keep_checkpoints=1, plot=False, log_every=log_every, threads=_threads())
+
+
+def _threads() -> int:
+    """The torch threads the runner chose for this stage ([study] threads): a stage keeps them."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _eval(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:

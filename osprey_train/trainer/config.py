@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.errors import ConfigError
+from osprey_data.target_model.loading import check_device
 
 __all__ = ["OptimConfig", "LoopConfig", "SCHEDULE_NAMES", "DISTRIBUTED_MODES", "TRAIN_PRECISIONS", "config_json"]
 
@@ -138,8 +139,7 @@ class LoopConfig:
                f"LoopConfig.distributed must be one of {DISTRIBUTED_MODES}, got {self.distributed!r}")
         _check(self.precision in TRAIN_PRECISIONS,
                f"LoopConfig.precision must be one of {TRAIN_PRECISIONS}, got {self.precision!r}")
-        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-               f"LoopConfig.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device(self.device)
 
 
 def config_json(config: Any) -> Any:

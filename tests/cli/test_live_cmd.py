@@ -59,3 +59,34 @@ def test_live_missing_target_is_one_line_error(random_drafter, prompt_file, tmp_
                                       str(tmp_path / "missing"), "--input", str(prompt_file)])
     assert result.exit_code == 2
     assert "error:" in result.output and "Traceback" not in result.output
+
+
+def test_live_show_text_prints_and_returns_the_generated_text(random_drafter, prompt_file, tiny_llama_dir,
+                                                              tiny_tokenizer):
+    base = ["eval", "live", "--drafter", str(random_drafter), "--target", str(tiny_llama_dir), "--input",
+            str(prompt_file), "--steps", "2", "--max-new-tokens", "4", "--device", "cpu", "--no-baseline",
+            "--threads", "1", "--show-text"]
+    result = CliRunner().invoke(cli, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{"):])
+    assert [t["id"] for t in doc["texts"]] == ["p0", "p1", "p2"]
+    assert all(isinstance(t["text"], str) and t["text"] for t in doc["texts"])
+    result = CliRunner().invoke(cli, base)
+    assert result.exit_code == 0, result.output
+    shown = result.output.split("## Generated text", 1)[1]
+    from osprey_data.text import printable_text
+
+    for t in doc["texts"]:   # greedy: the same text again (control characters escaped for the terminal)
+        assert f"### {t['id']} ({t['domain']})" in shown and printable_text(t["text"]).strip() in shown
+    result = CliRunner().invoke(cli, [*base[:-1]])
+    assert "## Generated text" not in result.output
+
+
+def test_live_chat_template_options_are_checked_first(random_drafter, prompt_file, tmp_path):
+    base = ["eval", "live", "--drafter", str(random_drafter), "--target", str(tmp_path / "missing"),
+            "--input", str(prompt_file)]
+    result = CliRunner().invoke(cli, [*base, "--chat-template-kwargs", "[true]"])
+    assert result.exit_code == 2 and "--chat-template-kwargs must be a JSON object" in result.output
+    (tmp_path / "bad.jinja").write_text("{% if %}")
+    result = CliRunner().invoke(cli, [*base, "--chat-template", str(tmp_path / "bad.jinja")])
+    assert result.exit_code == 2 and "not a valid Jinja template" in result.output

@@ -77,3 +77,26 @@ def test_busy_machine_gets_a_one_line_warning():
     assert "\n" not in line and "load average 4.2 on 2 cores" in line and "about 3 minutes" in line
     md = render_markdown({**_summary(), "busy_warning": line})
     assert line in md
+
+
+def test_report_says_n_per_domain_and_what_acceptance_one_means():
+    import matplotlib.pyplot as plt
+
+    s = _summary()
+    for k, d in enumerate(DOMAINS):
+        s["live"]["per_domain"][d]["prompts"] = (1, 2, 2)[k]
+    md = render_markdown(s)
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in md.splitlines()
+            if line.startswith("| ") and line.count("|") == 6}
+    assert rows["chat"] == "1" and rows["code"] == "2" and rows["math"] == "2" and rows["**all**"] == "5"
+    assert "n = held-out prompts per domain" in md and "from 1 to 2 prompt(s)" in md and "n = 1: a single prompt" in md
+    assert "Acceptance length 1.0 means no drafted token was accepted" in md and "4 (S + 1)" in md
+    fig = figure(s)
+    try:
+        ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        assert ticks == ["chat\nn=1", "code\nn=2", "math\nn=2", "all\nn=5"]
+        assert "1.0 = no draft accepted" in fig.axes[0].get_title()
+    finally:
+        plt.close(fig)
+    # a summary without counts (an older demo.json) still renders
+    assert "| chat | ? |" in render_markdown(_summary())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError, InputError, ModelError
-from osprey_train.evaluation.cpu_threads import busy_machine_threads
+from osprey_data.cpu_threads import busy_machine_threads
 from osprey_train.evaluation.live import LiveConfig, run
 from osprey_train.evaluation.live_prompts import load_prompts
 from osprey_train.evaluation.live_report import summarize

@@ -60,8 +60,8 @@ def test_round_trip_identical_weights_and_outputs(drafters, tmp_path, arch, fmt)
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
     assert torch.equal(_outputs(model), _outputs(back))
     assert not list(tmp_path.glob(".*tmp*"))
-    # no pickle anywhere: only JSON and safetensors files (and the sglang export's serving README)
-    assert {p.suffix for p in result.out.iterdir()} <= {".json", ".safetensors"} | ({".md"} if fmt == "sglang" else set())
+    # no pickle anywhere: only JSON and safetensors files (and the sglang and vllm exports' serving README)
+    assert {p.suffix for p in result.out.iterdir()} <= {".json", ".safetensors"} | ({".md"} if fmt != "hf" else set())
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "vllm", "hf"])
@@ -311,3 +311,18 @@ def test_sglang_registers_the_external_class():
         for cls in getattr(module, "EntryClass", []):
             found[cls.__name__] = cls
     assert "OspreyDrafterForCausalLM" in found
+
+
+@pytest.mark.parametrize("arch", ["eagle3", "osprey-dv"])
+def test_vllm_export_readme_has_the_launch_line(drafters, tmp_path, arch):
+    import shlex
+
+    model, folder = drafters[arch]
+    out = run(ExportConfig(drafter=folder, format="vllm", out=tmp_path / "v")).out
+    readme = (out / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("vllm serve "))
+    words = shlex.split(line)
+    assert words[:3] == ["vllm", "serve", model.config.target.name_or_path] and words[3] == "--speculative-config"
+    assert json.loads(words[4]) == {"model": str(out.resolve()), "method": "eagle3", "num_speculative_tokens": 3}
+    # an Osprey drafter is served by this package's plugin class: the README says to install it next to vLLM
+    assert ("pip install -e ." in readme) == (arch == "osprey-dv")
