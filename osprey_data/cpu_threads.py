@@ -10,18 +10,24 @@ the builder and the training/evaluation code share it (osprey_data never imports
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["busy_machine_threads", "chosen_threads", "torch_threads", "check_threads", "BUSY_LOAD_PER_CORE",
-           "THREADS_HELP"]
+__all__ = ["busy_machine_threads", "chosen_threads", "torch_threads", "check_threads", "note_to_stderr",
+           "BUSY_LOAD_PER_CORE", "THREADS_HELP"]
 
 BUSY_LOAD_PER_CORE = 1.5
 """A machine is busy when its 1-minute load average exceeds this many runnable jobs per core."""
 THREADS_HELP = "torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores)."
 """The help line of every ``--threads`` option not generated from a config field."""
+
+
+def note_to_stderr(text: str) -> None:
+    """Where commands print the policy's note: stderr, so that ``--json`` output stays one document."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def busy_machine_threads(note: Callable[[str], None] | None = None) -> int | None:

@@ -46,7 +46,7 @@ from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_
 from osprey_data.builder.features import make_record, non_finite_reason
 from osprey_data.builder.output import check_output, replace_output
 from osprey_data.builder.partition import belongs_to
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.conversation import (ChatRenderer, InputSample, RenderedSample, iter_inputs, read_chat_template,
                                       use_chat_template)
 from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMismatchError, ModelError,
@@ -448,7 +448,7 @@ def run(config: BuildConfig) -> BuildSummary:
     t0 = time.perf_counter()
     samples, input_errors = _read_inputs(config)
     verdict = _check_before_loading(config)
-    with GracefulStop() as stop, torch_threads(config.threads, print if config.progress else None):
+    with GracefulStop() as stop, torch_threads(config.threads, note_to_stderr if config.progress else None):
         try:
             backend = BACKENDS[config.backend](config)
             try:

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, resolve_device
@@ -375,7 +375,7 @@ def load_drafter_and_store(drafter_dir, store: str, *, device: str = "cpu", comm
 
 def run(cfg: AcceptanceConfig) -> AcceptanceReport:
     """Open the store, load the drafter, check they belong together, and simulate."""
-    with torch_threads(cfg.threads, print if cfg.progress else None):
+    with torch_threads(cfg.threads, note_to_stderr if cfg.progress else None):
         drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device)
         return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
                                    impl=cfg.attention, progress=cfg.progress, temperature=cfg.temperature,

@@ -27,7 +27,7 @@ from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, read_chat_template, stop_token_ids, use_chat_template
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device, resolve_precision
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.options import LiveConfig
@@ -42,7 +42,7 @@ __all__ = ["LiveConfig", "run"]
 
 def run(config: LiveConfig) -> LiveReport:
     """Decode every prompt with the target alone and with the drafter; return the figures."""
-    with torch_threads(config.threads, print if config.progress else None):
+    with torch_threads(config.threads, note_to_stderr if config.progress else None):
         return _run(config)
 
 

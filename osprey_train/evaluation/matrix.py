@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from osprey_data.atomic import atomic_file, write_json, write_text
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError, Interrupted
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.store import StoreReader
@@ -201,7 +201,7 @@ def run(cfg: MatrixConfig) -> MatrixResult:
     cells = _load_partial(partial_path, identity)
     total = len(cfg.drafters) * len(readers)
     reused = len(cells)
-    with GracefulStop() as stop, torch_threads(cfg.threads, print if cfg.progress else None):
+    with GracefulStop() as stop, torch_threads(cfg.threads, note_to_stderr if cfg.progress else None):
         try:
             for i, (dname, dpath) in enumerate(cfg.drafters):
                 if all(f"{i},{j}" in cells for j in range(len(readers))):

@@ -25,7 +25,7 @@ from osprey_data.schema_check import load_json, validate
 from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import load_drafter_and_store, sampled_reports
 from osprey_train.evaluation.cost_model import CostModel
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.evaluation.tree_acceptance import TREE_SAMPLING_REASON, evaluate_tree_acceptance
 from osprey_train.evaluation.tree_draft import KV_MODES
@@ -248,7 +248,7 @@ def run(cfg: SweepConfig) -> SweepResult:
     shapes = cfg.shapes()
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device, command="sweep")
     try:
-        with GracefulStop(), torch_threads(cfg.threads, print if cfg.progress else None):
+        with GracefulStop(), torch_threads(cfg.threads, note_to_stderr if cfg.progress else None):
             if cfg.temperature > 0:  # chains only (checked in the config): one drafting pass serves every length
                 reports = sampled_reports(drafter, reader, [s.steps for s in shapes], temperature=cfg.temperature,
                                           max_samples=cfg.max_samples or None, impl=cfg.attention,

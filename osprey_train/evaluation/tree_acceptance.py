@@ -35,7 +35,7 @@ from osprey_data.errors import ConfigError
 from osprey_train.evaluation.acceptance import (AcceptanceConfig, AcceptanceReport, RoundTally,
                                                 greedy_consistency_counts, has_verify_round, load_drafter_and_store,
                                                 store_verdict, walk_rounds)
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_train.evaluation.tree_draft import KV_MODES, draft_prefix, grow_trees, round_roots
 from osprey_train.evaluation.tree_growth import TreeCandidates, accepted_depths, select_nodes
 from osprey_train.evaluation.tree_shape import TreeShape
@@ -127,6 +127,6 @@ TREE_SAMPLING_REASON = ("the sampled estimator is exact for chain rejection samp
 def run(cfg: TreeAcceptanceConfig) -> list[AcceptanceReport]:
     """Load the drafter and store, check they belong together, simulate every tree shape."""
     drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device)
-    with torch_threads(cfg.threads, print if cfg.progress else None):
+    with torch_threads(cfg.threads, note_to_stderr if cfg.progress else None):
         return evaluate_tree_acceptance(drafter, reader, cfg.trees, kv=cfg.draft_kv,
                                         max_samples=cfg.max_samples or None, progress=cfg.progress)

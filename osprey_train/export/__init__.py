@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from osprey_data.cpu_threads import check_threads, torch_threads
+from osprey_data.cpu_threads import check_threads, note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError
 from osprey_train.export.common import DTYPES
 from osprey_train.export.hf import read_hf, write_hf
@@ -80,7 +80,7 @@ def run(config: ExportConfig) -> ExportResult:
     extra = {}
     if config.format == "sglang":  # read the sweep before the model: a bad file fails first
         extra["serving"] = recommend(config.sweep)
-    with torch_threads(config.threads, print):
+    with torch_threads(config.threads, note_to_stderr):
         model = load_drafter(config.drafter)
         writer, _ = EXPORTERS[config.format]
         writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,

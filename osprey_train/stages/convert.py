@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import InputError
 from osprey_train.drafters.eagle3 import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from osprey_train.drafters.registry import drafter_spec
@@ -137,5 +137,5 @@ def convert_eagle3(config: ConvertConfig) -> ConvertResult:
 
 def run(config: ConvertConfig) -> ConvertResult:
     """Write the initial drafter of ``config.arch``: its registered convert entry (``DrafterSpec.convert``)."""
-    with torch_threads(config.threads, print):
+    with torch_threads(config.threads, note_to_stderr):
         return drafter_spec(config.arch).load("convert")(config)

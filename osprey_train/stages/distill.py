@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError, ModelError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible
@@ -153,7 +153,7 @@ class DistillTask:
 
 def run(cfg: DistillConfig) -> TrainResult:
     """Distill; returns the trainer's ``TrainResult`` (final drafter in ``loop.out_dir/final``)."""
-    with torch_threads(cfg.threads, print if cfg.loop.progress else None):
+    with torch_threads(cfg.threads, note_to_stderr if cfg.loop.progress else None):
         task = DistillTask(cfg)
         loop = dataclasses.replace(cfg.loop, extra={"stage": "distill", "config": config_json(cfg)})
         return train(task, loop, cfg.optim)

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
-from osprey_data.cpu_threads import torch_threads
+from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import CheckpointError, ConfigError, InputError
 from osprey_data.target_model import load_hf_target
 from osprey_train.stages.configs import PretrainConfig
@@ -237,7 +237,7 @@ def _check_resume(cfg: PretrainConfig) -> None:
 
 def run(cfg: PretrainConfig) -> PretrainResult:
     """Pretrain ``cfg.model`` on ``cfg.corpus``; the trained model lands in ``cfg.loop.out_dir/final``."""
-    with torch_threads(cfg.threads, print if cfg.loop.progress else None):
+    with torch_threads(cfg.threads, note_to_stderr if cfg.loop.progress else None):
         task = PretrainTask(cfg)
         _check_resume(cfg)
         result = train(task, cfg.trainer_loop(), cfg.optim)
