@@ -4,7 +4,8 @@ Layout of a study folder ``OUT``::
 
     OUT/study.toml            the study file of the latest run (``status`` and ``report`` read it)
     OUT/stages/KIND-KEY/      finished stages: the output + ``stage.json`` (settings, inputs, timings,
-                              threads, code version, summary); renamed into place when complete
+                              threads, code version, summary, sha256 of the output files); renamed
+                              into place when complete
     OUT/work/KIND-KEY/        a stage being run or interrupted; resumable kinds continue from it
     OUT/run.log               one line per stage started / finished
     OUT/.lock                 held while a runner works here (a second one is refused)
@@ -14,7 +15,9 @@ writes ``stage.json`` into it last and moves it into place with one rename
 (:func:`osprey_data.atomic.replace_dir`). Killing the process at any moment therefore leaves finished
 stages untouched and at most one stage in ``work/``; running the same command again skips what is
 finished and continues the interrupted stage from its own checkpoints (trainer checkpoints, committed
-store shards, tokenized corpus shards), which resume exactly.
+store shards, tokenized corpus shards), which resume exactly. A finished stage's files are checked
+against the checksums in its ``stage.json`` before another stage uses them
+(:mod:`osprey_train.study.integrity`): a damaged one is refused, naming the file and the folder to delete.
 
 SIGINT / SIGTERM: the stage in progress stops the way its own command does (a training stage
 checkpoints the step it finished, a store build commits its finished samples; a stage with no
@@ -43,6 +46,7 @@ from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_train.evaluation.cpu_threads import busy_machine_threads
 from osprey_train.study.config import StudyConfig
+from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
 from osprey_train.study.plan import Node, Plan, build_plan
 from osprey_train.study.stages import EXECUTORS, Inputs, StageContext
 
@@ -231,6 +235,7 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         folder = stage_dir(out, dep)
         if not (folder / STAGE_RECORD).is_file():   # the plan orders inputs first: an internal invariant
             raise AssertionError(f"{node.label}: input {role} ({dep.label}) is not finished")
+        verify_stage(folder, dep.label)   # a damaged finished output is refused, never used
         inputs[role] = (dep, folder)
     work = out / "work" / node.folder
     interrupted = work.exists()
@@ -249,11 +254,20 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         "wall_s": time.perf_counter() - wall0, "cpu_s": _cpu_seconds() - cpu0, "threads": threads,
         "load_average": [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "resumed": interrupted and node.resumable, "code_version": code_version(),
+        CHECKSUM_KEY: output_checksums(work, node.kind),
     }
     write_json(work / STAGE_RECORD, record, default=str)
     (out / "stages").mkdir(exist_ok=True)
     replace_dir(work, stage_dir(out, node))
     return record
+
+
+def _finished(out: Path, node: Node) -> bool:
+    """Whether ``node`` is finished; a ``stage.json`` that does not parse is an error, not done."""
+    if not (stage_dir(out, node) / STAGE_RECORD).is_file():
+        return False
+    read_stage_record(stage_dir(out, node))
+    return True
 
 
 def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, done: int,
@@ -288,7 +302,7 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
         ctx = StageContext(cfg=cfg.study, cache=cfg.cache, progress=cfg.progress, log=lambda m: say(f"    {m}"))
         plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
         result = StudyRunResult(out=out, plan=plan)
-        todo = [n for n in plan.nodes if not (stage_dir(out, n) / STAGE_RECORD).is_file()]
+        todo = [n for n in plan.nodes if not _finished(out, n)]
         result.reused = len(plan.nodes) - len(todo)
         total = len(plan.nodes)
         if cfg.progress:
