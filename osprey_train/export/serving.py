@@ -77,7 +77,10 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
     if best is None:
         raise ConfigError(f"export --sweep {sweep}: the sweep has no best shape (it ran without a cost model); "
                           "run `osprey eval sweep ... --cost FILE|example-gpu|draft_step=...` first")
-    shape = TreeShape(steps=best["steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+    try:
+        shape = TreeShape(steps=best["steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+    except ConfigError as exc:   # a hand-edited or damaged file: name it
+        raise ConfigError(f"export --sweep {sweep}: its best shape is not servable ({exc}); sweep again") from None
     cost = doc["cost_model"] or {}
     note = printable(f"tuned offline by `osprey eval sweep` ({doc['num_samples']} samples of {doc['store']}, draft KV "
                      f"layout {doc['draft_kv']}): best predicted speedup x{best['speedup']:.3f} with costs of "

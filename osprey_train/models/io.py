@@ -118,6 +118,11 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
                 f"{weights}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
                 f"{tuple(expected[name].shape)}"
             )
+        # a NaN/inf weight would be exported, evaluated or trained on without a word
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{weights}: tensor {name} holds {bad} NaN/inf value(s); the drafter is damaged "
+                                  "or its training diverged: use an earlier checkpoint or retrain")
     model.load_state_dict(state, strict=True)
     # Floating parameters take `dtype`; integer buffers (d2t) keep theirs.
     model.to(device=device)
