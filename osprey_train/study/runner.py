@@ -291,9 +291,28 @@ def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, 
                           f"`osprey study run {study_file} --out {cfg.out}`.", signum=exc.signum) from None
 
 
+# What a folder a study runner made holds (at least one of them from its first second on)
+_STUDY_MARKERS = ("study.toml", "stages", "work", "run.log", ".lock")
+
+
+def check_study_folder(out: Path) -> None:
+    """ConfigError when ``out`` is a non-empty folder that no study runner made: a mistyped
+    ``--out`` (the current folder, a home folder) must not fill up with stages and have its
+    ``study.toml`` replaced. Any study's folder is accepted (a study file may change between runs)."""
+    out = Path(out)
+    if not out.is_dir() or any((out / m).exists() for m in _STUDY_MARKERS):
+        return
+    entries = sorted(p.name for p in out.iterdir())
+    if entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(f"study: --out {out} is a non-empty folder that is not a study folder (it holds {shown}); "
+                          "choose a new or empty folder, or the folder of an earlier `osprey study run`")
+
+
 def run(cfg: StudyRunConfig) -> StudyRunResult:
     """Run (or continue) the study in ``cfg.out``."""
     out = cfg.out
+    check_study_folder(out)
     t0 = time.perf_counter()
     say: Callable[[str], None] = (lambda m: print(m, flush=True)) if cfg.progress else (lambda m: None)
     with _locked(out):
