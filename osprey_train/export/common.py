@@ -12,10 +12,11 @@ from typing import Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError
+from osprey_train.models.io import write_safetensors
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
            "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
@@ -51,8 +52,8 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
     """safetensors file (contiguous CPU tensors), metadata format=pt as the engines expect."""
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path),
-              metadata={"format": "pt"})
+    write_safetensors({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, path,
+                      metadata={"format": "pt"})
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:

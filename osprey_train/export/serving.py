@@ -123,11 +123,14 @@ def serving_readme(doc: dict[str, Any]) -> str:
     """The README snippet written next to the weights."""
     spec = drafter_spec(doc["arch"])
     install = f"{spec.serving_install}\n" if spec.serving_install else ""
+    # the target name comes from the drafter's config.json: no control character may reach the
+    # README (a forged line, a terminal escape) and no backtick may end its code span
+    target = printable(doc["target"] or "TARGET").replace("`", "'")
     lines = [
         "# Serving this drafter with SGLang", "",
         f"Architecture: {spec.serving_label}; "
-        f"target: `{doc['target'] or 'TARGET'}`.", "",
-        "```bash", f"{install}{doc['launch']}", "```", "",
+        f"target: `{target}`.", "",
+        "```bash", f"{install}{printable(doc['launch'])}", "```", "",
         f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
         f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"
         f" ({_label(doc)}).", "",

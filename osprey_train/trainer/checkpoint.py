@@ -33,13 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from osprey_data.atomic import replace_dir
 from osprey_data import jsonio
 from osprey_data.errors import CheckpointError
 from osprey_data.schema_check import validate
+from osprey_train.models.io import write_safetensors
 from osprey_train.trainer.distributed import DistContext, barrier, unwrap_model
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
@@ -67,7 +68,7 @@ def save_state_dict(state: dict[str, torch.Tensor], path: Path, metadata: dict[s
         tensors[name] = t.cpu().contiguous()
     meta = dict(metadata or {})
     meta["osprey_aliases"] = json.dumps(aliases)
-    save_file(tensors, str(path), metadata=meta)
+    write_safetensors(tensors, path, metadata=meta)   # a full disk: one CheckpointError naming the file
 
 
 def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
@@ -257,7 +258,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
     if ctx.is_main:
         save_state_dict(model_state, tmp / "model.safetensors")
         tensors, meta = _split_optimizer(optim_state)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        write_safetensors(tensors, tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps(meta), encoding="utf-8")
         doc = dict(trainer_state)
         doc.update({"format": "osprey-trainer-state", "version": 1, "step": step, "created_unix": time.time(),

@@ -101,3 +101,20 @@ def test_optimizer_state_of_another_shape_is_one_clear_error(tmp_path, ckpt):
     _write_state(ckpt, doc)
     with pytest.raises(CheckpointError, match=rf"optimizer state.*{key.split('/')[0]}.*shape"):
         _resume(tmp_path)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
+    """safetensors raises its own SafetensorError (no OSError) on ENOSPC; the trainer names the file."""
+    from safetensors import SafetensorError
+
+    from osprey_train.models import io as model_io
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                              'message: "No space left on device" })')
+
+    monkeypatch.setattr(model_io, "save_file", full)
+    with pytest.raises(CheckpointError, match=r"\.tmp-step-2/model.safetensors: cannot write .*No space left.*"
+                                              r"free disk space"):
+        train(ToyTask(), _loop(tmp_path), OptimConfig())
+    assert not (tmp_path / "checkpoints" / "step-2").exists()   # nothing half-written looks complete
