@@ -274,3 +274,6 @@ def test_a_garbage_stage_record_is_an_error_not_done(finished, tmp_path):
     (stage_dir(out, node) / "stage.json").write_text("{garbage")
     with pytest.raises(StageCorruptError, match=r"stage.json: finished stage record unreadable.*delete"):
         run(StudyRunConfig(study=cfg, out=out, progress=False))
+    st = status(cfg, out)   # status agrees: not finished, and named as damaged
+    assert st.done == len(build_plan(cfg, lookup=lambda key: read_record(out, key)).nodes) - 1
+    assert st.damaged == [str(stage_dir(out, node))] and "damaged:" in st.to_text()
