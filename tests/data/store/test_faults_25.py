@@ -201,3 +201,35 @@ def test_validate_no_values_on_a_one_shard_store_exits_0_every_time(tmp_path):
         assert "OK" in proc.stdout, proc.stdout + proc.stderr
         codes.append(proc.returncode)
     assert codes == [0] * 10
+
+
+# --- item 17: lock files and a symlinked locks/ folder are never followed out of the store ------
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-folder", "dangling"])
+def test_a_symlinked_locks_folder_is_refused(tmp_path, dangling):
+    from osprey_data.errors import StoreError
+    from osprey_data.store import StoreWriter
+    from tests.data.store.helpers import make_header
+
+    url = str(tmp_path / "s")
+    write_records(url, range(2))
+    outside = tmp_path / "elsewhere"
+    if not dangling:
+        outside.mkdir()
+    shutil.rmtree(Path(url) / "locks")
+    (Path(url) / "locks").symlink_to(outside)
+    with pytest.raises(StoreError, match=r"locks: must be a plain folder of the store, not a symlink"):
+        StoreWriter(url, make_header("bf16"), shard_max_tokens=50)
+    assert not outside.exists() or list(outside.iterdir()) == []   # nothing written outside
+
+
+def test_a_symlinked_update_lock_is_refused(tmp_path):
+    url = str(tmp_path / "s")
+    write_records(url, range(2))
+    target = tmp_path / "victim"
+    lock = Path(url) / ".osprey.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(target)
+    with pytest.raises(StoreCorruptError, match=r"\.osprey\.lock: cannot open the store's update lock"):
+        merge_store(url)
+    assert not target.exists()   # the link was not followed (open would have created it)
