@@ -347,6 +347,12 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     except (OSError, json.JSONDecodeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: checkpoint file unreadable ({exc}); delete this folder to resume "
                               "from the previous checkpoint") from exc
+    for what, state, rel in (("weight", model_state, files["model"]), ("optimizer state", tensors,
+                                                                    files["optimizer_tensors"])):
+        for name, t in state.items():   # else the first step diverges and the message blames --lr
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{path / rel}: {what} {name} holds NaN/inf; the run had diverged when "
+                                      "this was saved: delete this folder to resume from the previous checkpoint")
     _load_model_state(model, model_state, ctx, path)
     _load_optimizer_state(model, optimizer, _join_optimizer(tensors, meta), ctx, path)
     if restore_rng:
