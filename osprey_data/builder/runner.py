@@ -189,14 +189,15 @@ def _check_before_loading(config: BuildConfig) -> str:
         if num_layers is not None:
             _checked_layers(config.layers, num_layers)
     if verdict == "store":
+        # another live process writing as this worker: say so now, not after the model loads (the
+        # writer takes the lock for good when it opens the store) -- also for a fresh store whose
+        # first builder has not published a manifest yet
+        lock = WorkerLock(StoreFS(config.out, storage_options=config.storage_options, read_only=False),
+                          worker_name(config.worker_index, config.num_workers))
+        lock.acquire()
+        lock.release()
         old = _existing_header(config)
         if old is not None:
-            # another live process writing as this worker: say so now, not after the model loads
-            # (the writer takes the lock for good when it opens the store)
-            lock = WorkerLock(StoreFS(config.out, storage_options=config.storage_options, read_only=False),
-                              worker_name(config.worker_index, config.num_workers))
-            lock.acquire()
-            lock.release()
             new = config.content_settings()
             # known before loading: everything but an "auto" dtype and default taps
             keys = [k for k in new if not (k == "dtype" and new[k] == "auto")

@@ -47,3 +47,27 @@ def test_bad_record_is_skipped_and_named_in_the_journal(tiny_llama_dir, tmp_path
     assert err["sample_id"] == "bad" and err["line"] == 2 and err["file"].endswith("sharegpt.jsonl")
     with pytest.raises(InputError, match=r"sharegpt.jsonl:2\b"):
         run(_config(tiny_llama_dir, [inputs], tmp_path / "raise", regenerate=regenerate))
+
+
+def test_a_second_builder_of_a_fresh_store_is_refused_before_loading_the_target(tiny_llama_dir, tmp_path,
+                                                                                  monkeypatch):
+    """Item 19: the first builder of a new store holds its worker lock but has published no
+    manifest yet; a second one with the same worker index must not load the target first."""
+    from osprey_data.builder import runner as runner_mod
+    from osprey_data.store.fs import StoreFS
+    from osprey_data.store.worker_lock import WorkerBusyError, WorkerLock
+
+    inputs = _inputs(tmp_path, dict(GOOD, id="other"), reference=None)
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "shards").mkdir()   # what the first builder's writer has made so far: no manifest yet
+    first = WorkerLock(StoreFS(str(store), read_only=False), "w000of001")
+    first.acquire()
+    loads = []
+    monkeypatch.setitem(runner_mod.BACKENDS, "hf", lambda config: loads.append(config) or pytest.fail("loaded"))
+    try:
+        with pytest.raises(WorkerBusyError, match=r"worker w000of001 is already writing this store .*pid"):
+            run(_config(tiny_llama_dir, [inputs], store))
+    finally:
+        first.release()
+    assert loads == []
