@@ -71,3 +71,25 @@ def test_a_second_builder_of_a_fresh_store_is_refused_before_loading_the_target(
     finally:
         first.release()
     assert loads == []
+
+
+@pytest.mark.parametrize("regenerate", [True, False])
+def test_a_template_error_names_the_file_line_and_sample(tiny_llama_dir, tmp_path, regenerate):
+    """Item 19: a chat template that cannot be masked (not prefix-stable) stops the build with the
+    input file, line and sample where it showed, under regeneration too."""
+    import shutil
+
+    from osprey_data.errors import ModelError
+
+    target = shutil.copytree(tiny_llama_dir, tmp_path / "target")
+    (target / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] + ':' + m['content'] + '|' }}{% endfor %}"
+        "{% if add_generation_prompt %}GEN{% else %}DONE{% endif %}")
+    conv = {"id": "multi", "conversations": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Tell me more"}, {"role": "assistant", "content": "Sure"}]}
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(GOOD | {"conversations": GOOD["conversations"] + [
+        {"role": "assistant", "content": "Hi"}]}) + "\n" + json.dumps(conv) + "\n")
+    with pytest.raises(ModelError, match=r"chats.jsonl:\d \(sample '(good|multi)'\): .*prefix-stable"):
+        run(_config(target, [path], tmp_path / "store", regenerate=regenerate))
