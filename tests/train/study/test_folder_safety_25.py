@@ -61,3 +61,12 @@ def test_empty_and_earlier_study_folders_are_accepted(tmp_path):
         # one stage only: the model stage (it names a path) runs first and is quick
         res = run(StudyRunConfig(study=cfg, out=out, progress=False, max_stages=1))
         assert len(res.ran) == 1 and (out / "study.toml").is_file()
+
+
+def test_report_table_cells_cannot_add_columns_or_lines():
+    """Item 17: names in the report's markdown tables (arms, domains, a store's domains) are escaped."""
+    from osprey_train.study.report import _table
+
+    lines = _table(["arm", "mean"], [["a|b\n| forged | row |\x1b[31m", "1.0"]])
+    assert len(lines) == 3 and "\x1b" not in lines[2]
+    assert lines[2].count("|") - lines[2].count("\\|") == 3   # two cells: three unescaped bars
