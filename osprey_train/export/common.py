@@ -14,6 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from osprey_data import jsonio
 from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError
 from osprey_train.models.io import write_safetensors
@@ -71,7 +72,9 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsonio.loads(path.read_bytes())   # bounded nesting: no RecursionError
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not UTF-8 text, so not a JSON file") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
 

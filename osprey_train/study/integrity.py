@@ -21,10 +21,10 @@ checksums existed have none and are reused as before.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
+from osprey_data import jsonio
 from osprey_data.errors import StageCorruptError
 from osprey_train.trainer.run_lock import LOCK_NAME
 
@@ -68,7 +68,7 @@ def read_stage_record(folder: Path) -> dict[str, Any]:
     """The parsed ``stage.json`` of a finished stage; StageCorruptError when it is not readable JSON."""
     path = Path(folder) / STAGE_RECORD
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonio.loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise StageCorruptError(f"{path}: finished stage record unreadable ({type(exc).__name__}); delete "
                                 f"{Path(folder)} and rerun the same command to run that stage again") from None

@@ -28,7 +28,6 @@ stage, what was kept and the command that continues the study (exit 130 / 143).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import resource
 import shutil
@@ -41,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from osprey_data import jsonio
 from osprey_data.atomic import replace_dir, write_json, write_text
 from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
@@ -112,8 +112,8 @@ def read_record(out: Path, key_or_node: str | Node) -> dict[str, Any] | None:
             return None
         folder = matches[0]
     try:
-        return json.loads((folder / STAGE_RECORD).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return jsonio.loads((folder / STAGE_RECORD).read_bytes())
+    except (OSError, ValueError):   # JSONDecodeError, too deep, not UTF-8
         return None
 
 

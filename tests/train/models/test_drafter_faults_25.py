@@ -65,3 +65,23 @@ def test_a_crafted_target_name_cannot_forge_readme_lines(tmp_path):
     assert not any(line.startswith("# Forged") for line in readme.splitlines())
     assert "target: `/models/t'\\n# Forged heading\\x1b[31m\\u202e`." in readme
     assert json.loads((out / "serving.json").read_text())["target"] == crafted   # the data itself is kept
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_a_deeply_nested_target_config_is_one_error(tmp_path, name):
+    """Item 18: ``--target-dist full`` reads the target's config.json / weight index itself."""
+    from osprey_data.errors import InputError
+    from osprey_train.ttt.target_head import load_target_head
+
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    (tmp_path / name).write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(InputError, match=rf"{name}: not valid JSON .*nested deeper"):
+        load_target_head(tmp_path)
+
+
+def test_a_deeply_nested_export_side_file_is_one_error(tmp_path):
+    from osprey_train.export.common import read_json
+
+    (tmp_path / "config.json").write_text("{\"a\": " * 100000 + "1" + "}" * 100000)
+    with pytest.raises(CheckpointError, match=r"config.json: not valid JSON"):
+        read_json(tmp_path / "config.json")

@@ -263,15 +263,17 @@ def test_a_damaged_finished_convert_stage_is_refused_before_reuse(finished, tmp_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_garbage_stage_record_is_an_error_not_done(finished, tmp_path):
-    """Issue #25 item 19: a stage.json that does not parse does not count as a finished stage."""
+@pytest.mark.parametrize("garbage", ["{garbage", "[" * 100000 + "]" * 100000], ids=["broken", "deep"])
+def test_a_garbage_stage_record_is_an_error_not_done(finished, tmp_path, garbage):
+    """Issue #25 items 18-19: a stage.json that does not parse (or nests 100,000 deep) does not
+    count as a finished stage, and is no RecursionError."""
     from osprey_data.errors import StageCorruptError
 
     cfg, reference, _ = finished
     out = tmp_path / "copy"
     shutil.copytree(reference, out)
     node = build_plan(cfg, lookup=lambda key: read_record(out, key)).live
-    (stage_dir(out, node) / "stage.json").write_text("{garbage")
+    (stage_dir(out, node) / "stage.json").write_text(garbage)
     with pytest.raises(StageCorruptError, match=r"stage.json: finished stage record unreadable.*delete"):
         run(StudyRunConfig(study=cfg, out=out, progress=False))
     st = status(cfg, out)   # status agrees: not finished, and named as damaged
