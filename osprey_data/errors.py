@@ -151,3 +151,10 @@ class StudyBusyError(OspreyError, RuntimeError):
 
 
 __all__ += ["StudyBusyError"]
+
+
+class StageCorruptError(OspreyError, ValueError):
+    """A finished study stage's output differs from the checksums its ``stage.json`` recorded."""
+
+
+__all__ += ["StageCorruptError"]

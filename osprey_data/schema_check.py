@@ -9,9 +9,11 @@ CLI reports it like every other Osprey error. Readers and writers of every forma
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+from osprey_data import jsonio
 from osprey_data.errors import InputError, SchemaError
 from osprey_schemas import SchemaValidationError
 from osprey_schemas import validate as _validate
@@ -42,8 +44,27 @@ def load_json(path: str | Path, schema_name: str, *, what: str) -> Any:
     if not path.is_file():
         raise InputError(f"{what} {path}: no such file")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonio.loads(path.read_bytes())   # bounded nesting: never a RecursionError
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{what} {path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{what} {path}: unreadable ({exc.strerror})") from None
+    bad = _non_finite(doc)
+    if bad is not None:   # Python reads NaN / Infinity, and a schema's minimum lets NaN through
+        raise SchemaError(f"{path}: {bad[0]} is {bad[1]}, not a finite number (NaN and Infinity are not JSON)")
     validate(doc, schema_name, where=str(path))
     return doc
+
+
+def _non_finite(doc: Any) -> tuple[str, float] | None:
+    """(JSON path such as ``$.verify.4``, value) of the first NaN/inf number in ``doc``, or None."""
+    stack: list[tuple[Any, str]] = [(doc, "$")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return where, node
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+    return None

@@ -191,14 +191,15 @@ def _check_before_loading(config: BuildConfig) -> str:
         if num_layers is not None:
             _checked_layers(config.layers, num_layers)
     if verdict == "store":
+        # another live process writing as this worker: say so now, not after the model loads (the
+        # writer takes the lock for good when it opens the store) -- also for a fresh store whose
+        # first builder has not published a manifest yet
+        lock = WorkerLock(StoreFS(config.out, storage_options=config.storage_options, read_only=False),
+                          worker_name(config.worker_index, config.num_workers))
+        lock.acquire()
+        lock.release()
         old = _existing_header(config)
         if old is not None:
-            # another live process writing as this worker: say so now, not after the model loads
-            # (the writer takes the lock for good when it opens the store)
-            lock = WorkerLock(StoreFS(config.out, storage_options=config.storage_options, read_only=False),
-                              worker_name(config.worker_index, config.num_workers))
-            lock.acquire()
-            lock.release()
             new = config.content_settings()
             # known before loading: everything but an "auto" dtype and default taps
             keys = [k for k in new if not (k == "dtype" and new[k] == "auto")
@@ -301,6 +302,11 @@ class _Progress:
                                  f"saved; {self.tokens} tokens generated, {rate:.1f} tok/s", refresh=False)
 
 
+def _at_sample(s: InputSample, exc: ModelError) -> ModelError:
+    """``exc`` prefixed with the file, line and sample where the template failed."""
+    return ModelError(f"{s.file}:{s.line} (sample {s.sample_id!r}): {exc}")
+
+
 class _BatchProcessor:
     """Generation rounds, rendering, length policy and prefill for one batch of samples."""
 
@@ -325,6 +331,8 @@ class _BatchProcessor:
                 except InputError as exc:  # the template refuses this conversation: one sample
                     d.skip_reason = on_sample_error(d.sample, exc)
                     continue
+                except ModelError as exc:  # the template itself is unusable: stop, naming where it showed
+                    raise _at_sample(d.sample, exc) from None
                 if len(prompt) >= cfg.max_length:
                     if cfg.overflow == "skip":
                         d.skip_reason = f"too_long: prompt of turn {j} has {len(prompt)} tokens >= --max-length {cfg.max_length}"
@@ -376,8 +384,8 @@ class _BatchProcessor:
             prompt_ids, generated_ids = d.generated[last]
             prompt = self.renderer.render_prompt(d.messages[:last])
             if prompt.token_ids.tolist() != prompt_ids:
-                raise ModelError(f"sample {s.sample_id!r}: re-rendering the final prompt gave other ids "
-                                 f"than the ones the target was fed; the chat template is not deterministic")
+                raise ModelError("re-rendering the final prompt gave other ids than the ones the target was fed; "
+                                 "the chat template is not deterministic")
             rendered = prompt.with_response(generated_ids, d.messages[last]["content"])
         else:
             rendered = self.renderer.render(d.messages)
@@ -414,6 +422,8 @@ class _BatchProcessor:
                 except InputError as exc:
                     results[k] = (None, on_sample_error(d.sample, exc))
                     continue
+                except ModelError as exc:  # the template itself is unusable: stop, naming where it showed
+                    raise _at_sample(d.sample, exc) from None
                 if d.skip_reason is None:
                     rendered[k] = r
             if d.skip_reason is not None:

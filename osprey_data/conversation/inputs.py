@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from osprey_data import jsonio
 from osprey_data.errors import InputError
+from osprey_data.parquet_input import checked_batches
 
 __all__ = ["InputSample", "iter_inputs", "normalize_record", "read_records", "ROLE_ALIASES", "stable_id"]
 
@@ -199,7 +200,7 @@ def _read_parquet(path: Path) -> Iterator[RawRecord]:
         raise InputError(f"{path}: cannot read as Parquet ({exc})") from None
     row = 0
     # single-threaded: threaded Parquet reads can abort the interpreter at exit (apache/arrow#34314)
-    for batch in pf.iter_batches(batch_size=1024, use_threads=False):
+    for batch in checked_batches(pf.iter_batches(batch_size=1024, use_threads=False), path):
         for record in batch.to_pylist():
             row += 1
             yield str(path), row, record, None

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from osprey_data import jsonio
 from osprey_data.errors import InputError
+from osprey_data.parquet_input import checked_batches
 
 __all__ = ["SOURCES", "detect_format", "iter_documents", "TXT_DOC_MODES"]
 
@@ -80,7 +81,8 @@ def _iter_parquet(path: Path, text_field: str, txt_docs: str) -> Iterator[tuple[
     _check_column(path, pf.schema_arrow.names, text_field)
     row = 0
     # single-threaded: threaded Parquet reads can abort the interpreter at exit (apache/arrow#34314)
-    for batch in pf.iter_batches(columns=[text_field], batch_size=1024, use_threads=False):
+    for batch in checked_batches(pf.iter_batches(columns=[text_field], batch_size=1024, use_threads=False),
+                                 path):
         for value in batch.column(0).to_pylist():
             row += 1
             if not isinstance(value, str):

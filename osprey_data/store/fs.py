@@ -357,12 +357,20 @@ class StoreFS:
         """Serialises conditional replaces where the storage cannot check a version itself."""
         if self.is_local:
             os.makedirs(self.root, exist_ok=True)
-            with open(self.path(_LOCK_FILE), "a+b") as f:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:   # never through a symlink planted in the store: it could create or lock a file elsewhere
+                fd = os.open(self.path(_LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                             | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as exc:
+                raise StoreCorruptError(f"{self.where(_LOCK_FILE)}: cannot open the store's update lock "
+                                        f"({exc.strerror}); it must be a plain file (a symlink is refused)") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     yield
                 finally:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
         elif self.is_memory:
             with _MEMORY_LOCK:
                 yield

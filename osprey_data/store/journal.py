@@ -25,8 +25,6 @@ import random
 import time
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from osprey_data import jsonio
 from osprey_data.errors import (FormatVersionError, ManifestMismatchError, SchemaError, StoreCorruptError,
@@ -36,7 +34,7 @@ from osprey_data.store.fs import StoreFS
 from osprey_data.store.manifest import (
     FORMAT_VERSION, Manifest, ShardInfo, StoreHeader, header_hash, parse_manifest,
 )
-from osprey_data.store.shard import COMMIT_FILE, TABLE_FILE, TABLE_READ_OPTIONS, info_from_commit, parse_commit
+from osprey_data.store.shard import COMMIT_FILE, TABLE_FILE, info_from_commit, parse_commit, read_table_bytes
 
 __all__ = ["MANIFEST_FILE", "read_manifest", "read_journal", "write_journal", "publish", "journal_path",
            "shard_sample_ids"]
@@ -93,8 +91,7 @@ def shard_sample_ids(fs: StoreFS, shard_id: str) -> list[str]:
     """The sample ids of a committed shard, in row order (from its Parquet table)."""
     rel = f"shards/{shard_id}/{TABLE_FILE}"
     try:
-        return pq.read_table(pa.BufferReader(fs.read_bytes(rel)), columns=["sample_id"],
-                             **TABLE_READ_OPTIONS).column(0).to_pylist()
+        return read_table_bytes(fs.read_bytes(rel), columns=["sample_id"]).column(0).to_pylist()
     except StoreNotFoundError:
         raise StoreCorruptError(f"{fs.where(rel)}: missing for a committed shard") from None
     except Exception as exc:  # damaged parquet

@@ -95,7 +95,12 @@ class WorkerLock:
             self._acquire_object()
 
     def _acquire_flock(self) -> None:
-        self.fs.makedirs("locks")
+        locks = self.fs.path("locks")
+        if not os.path.islink(locks):
+            self.fs.makedirs("locks")
+        if os.path.islink(locks) or not os.path.isdir(locks):   # a planted symlink would put locks elsewhere
+            raise StoreError(f"{self.fs.where('locks')}: must be a plain folder of the store, not a symlink or a "
+                             "file; remove it (a writer recreates it)")
         path = self.fs.path(self.rel)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:

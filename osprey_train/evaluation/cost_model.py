@@ -39,6 +39,7 @@ Legend: n tokens verified per round.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,14 @@ class CostModel:
 
     def __post_init__(self) -> None:
         where = self.source or self.device
+        # NaN passes every comparison below (and JSON Schema's minimum): check finiteness first
+        numbers = {"plain_step": self.plain_step, "draft_step": self.draft_step, "round_overhead": self.round_overhead,
+                   "verify_scale": self.verify_scale, "plain_step_seconds": self.plain_step_seconds,
+                   **{f"verify[{n}]": c for n, c in self.verify.items()},
+                   **{f"draft_step_by_width[{n}]": c for n, c in self.draft_step_by_width.items()}}
+        for name, value in numbers.items():
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"cost model {where}: {name} = {value} is not a finite number")
         if self.plain_step <= 0:
             raise ConfigError(f"cost model {where}: plain_step must be > 0, got {self.plain_step}")
         for name in ("draft_step", "round_overhead"):

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from osprey_data import jsonio
 from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError, Interrupted
@@ -176,7 +177,7 @@ def _load_partial(path: Path, identity: dict[str, Any]) -> dict[str, dict[str, A
     if not path.is_file():
         return {}
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonio.loads(path.read_bytes())
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or doc.get("identity") != json.loads(json.dumps(identity)):

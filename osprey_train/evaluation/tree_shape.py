@@ -17,6 +17,12 @@ SGLang's rules kept here:
   candidates the growth produces (:func:`max_draft_nodes`); asking for more makes SGLang's
   ``torch.topk`` fail, so it is refused here.
 
+Bounds of Osprey's own (:data:`MAX_STEPS`, :data:`MAX_TOPK`, :data:`MAX_DRAFT_TOKENS`): a shape
+beyond them is no serving configuration anyone runs (SGLang's trees are a few steps of topk <= 10
+and verify tens of tokens; beyond these the tree costs more than it can accept). They keep a
+hand-edited or damaged ``sweep.json`` with ``topk = 10**9`` out of the recommended flags, and a
+grid from allocating a tree that size.
+
 Kept free of torch so the CLI can parse and check shapes before loading any model.
 """
 
@@ -26,7 +32,14 @@ from dataclasses import dataclass
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["TreeShape", "max_draft_nodes", "parse_tree_shape"]
+__all__ = ["TreeShape", "max_draft_nodes", "parse_tree_shape", "MAX_STEPS", "MAX_TOPK", "MAX_DRAFT_TOKENS"]
+
+MAX_STEPS = 64
+"""Most tree depths (draft steps) of a shape."""
+MAX_TOPK = 64
+"""Most children per node (``--speculative-eagle-topk``) of a shape."""
+MAX_DRAFT_TOKENS = 1024
+"""Most tokens verified per round (``--speculative-num-draft-tokens``) of a shape."""
 
 
 def max_draft_nodes(steps: int, topk: int) -> int:
@@ -52,6 +65,10 @@ class TreeShape:
             raise ConfigError(f"tree shape {self.label}: topk must be >= 1")
         if self.num_draft_tokens < 2:
             raise ConfigError(f"tree shape {self.label}: num_draft_tokens must be >= 2 (the root and one draft)")
+        for name, most in (("steps", MAX_STEPS), ("topk", MAX_TOPK), ("num_draft_tokens", MAX_DRAFT_TOKENS)):
+            if getattr(self, name) > most:
+                raise ConfigError(f"tree shape {self.label}: {name} = {getattr(self, name)} is beyond Osprey's bound "
+                                  f"of {most} (no served tree is that large; see osprey_train/evaluation/tree_shape.py)")
         if self.topk == 1 and self.num_draft_tokens != self.steps + 1:
             raise ConfigError(f"tree shape {self.label}: with topk = 1 SGLang serves a chain of num_draft_tokens = "
                               f"steps + 1 = {self.steps + 1}; use {self.steps},1,{self.steps + 1}")

@@ -82,6 +82,11 @@ def run(config: ExportConfig) -> ExportResult:
         extra["serving"] = recommend(config.sweep)
     with torch_threads(config.threads, note_to_stderr):
         model = load_drafter(config.drafter)
+        serving = extra.get("serving")
+        if serving is not None and serving.shape.topk > model.config.draft_vocab_size:
+            raise ConfigError(f"export --sweep {config.sweep}: its best shape has topk {serving.shape.topk}, more "
+                              f"than the drafter's {model.config.draft_vocab_size} draft tokens; the sweep is of "
+                              "another drafter or edited: sweep this drafter again")
         writer, _ = EXPORTERS[config.format]
         writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
                **extra)

@@ -12,10 +12,12 @@ from typing import Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from osprey_data import jsonio
 from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError
+from osprey_train.models.io import write_safetensors
 
 __all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
            "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
@@ -51,8 +53,8 @@ def t2d_mask(draft_to_target_Vd: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
     """safetensors file (contiguous CPU tensors), metadata format=pt as the engines expect."""
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path),
-              metadata={"format": "pt"})
+    write_safetensors({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, path,
+                      metadata={"format": "pt"})
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -70,7 +72,9 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsonio.loads(path.read_bytes())   # bounded nesting: no RecursionError
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not UTF-8 text, so not a JSON file") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
 

@@ -77,7 +77,10 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
     if best is None:
         raise ConfigError(f"export --sweep {sweep}: the sweep has no best shape (it ran without a cost model); "
                           "run `osprey eval sweep ... --cost FILE|example-gpu|draft_step=...` first")
-    shape = TreeShape(steps=best["steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+    try:
+        shape = TreeShape(steps=best["steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+    except ConfigError as exc:   # a hand-edited or damaged file: name it
+        raise ConfigError(f"export --sweep {sweep}: its best shape is not servable ({exc}); sweep again") from None
     cost = doc["cost_model"] or {}
     note = printable(f"tuned offline by `osprey eval sweep` ({doc['num_samples']} samples of {doc['store']}, draft KV "
                      f"layout {doc['draft_kv']}): best predicted speedup x{best['speedup']:.3f} with costs of "
@@ -120,11 +123,14 @@ def serving_readme(doc: dict[str, Any]) -> str:
     """The README snippet written next to the weights."""
     spec = drafter_spec(doc["arch"])
     install = f"{spec.serving_install}\n" if spec.serving_install else ""
+    # the target name comes from the drafter's config.json: no control character may reach the
+    # README (a forged line, a terminal escape) and no backtick may end its code span
+    target = printable(doc["target"] or "TARGET").replace("`", "'")
     lines = [
         "# Serving this drafter with SGLang", "",
         f"Architecture: {spec.serving_label}; "
-        f"target: `{doc['target'] or 'TARGET'}`.", "",
-        "```bash", f"{install}{doc['launch']}", "```", "",
+        f"target: `{target}`.", "",
+        "```bash", f"{install}{printable(doc['launch'])}", "```", "",
         f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
         f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"
         f" ({_label(doc)}).", "",

@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from osprey_data import jsonio
 from osprey_data.atomic import atomic_dir, atomic_file, write_json
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.schema_check import validate
@@ -23,13 +24,25 @@ from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 
 __all__ = ["save_drafter", "load_drafter", "build_drafter", "read_drafter_config", "write_drafter_folder",
-           "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
+           "write_safetensors", "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_NAME = "osprey-drafter"
 FORMAT_VERSION = 1
 SCHEMA = "drafter-config.v1.json"
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+                      ) -> None:
+    """``safetensors.torch.save_file`` whose failure (a full disk: safetensors raises its own
+    ``SafetensorError``, not ``OSError``) is one :class:`CheckpointError` naming the file."""
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except (SafetensorError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot write ({reason}); free disk space or check that the folder is "
+                              "writable, then rerun (nothing half-written is used)") from None
 
 
 def build_drafter(config: DrafterConfig) -> Drafter:
@@ -49,9 +62,11 @@ def read_drafter_config(path: str | Path) -> DrafterConfig:
     if not file.is_file():
         raise CheckpointError(f"{file}: no drafter config.json here; is {path} a drafter checkpoint folder?")
     try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
+        doc = jsonio.loads(file.read_bytes())   # bounded nesting: a crafted file is no RecursionError
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{file}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{file}: not UTF-8 text, so not a drafter config.json") from None
     if isinstance(doc, dict) and doc.get("format") != FORMAT_NAME:
         raise CheckpointError(
             f"{file}: format is {doc.get('format')!r}, not {FORMAT_NAME!r}; this is not an Osprey drafter "
@@ -86,7 +101,7 @@ def save_drafter(model: Drafter, out_dir: str | Path) -> Path:
 def _write_checkpoint(folder: Path, state: dict[str, torch.Tensor], doc: dict) -> None:
     """Weights first, config last: a folder with a config.json is complete."""
     with atomic_file(folder / WEIGHTS_FILE) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt", "osprey": FORMAT_NAME})
+        write_safetensors(state, tmp, metadata={"format": "pt", "osprey": FORMAT_NAME})
     write_json(folder / CONFIG_FILE, doc)
 
 
@@ -118,6 +133,13 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
                 f"{weights}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
                 f"{tuple(expected[name].shape)}"
             )
+        if name == "d2t":
+            _check_d2t(tensor, config, weights)
+        # a NaN/inf weight would be exported, evaluated or trained on without a word
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{weights}: tensor {name} holds {bad} NaN/inf value(s); the drafter is damaged "
+                                  "or its training diverged: use an earlier checkpoint or retrain")
     model.load_state_dict(state, strict=True)
     # Floating parameters take `dtype`; integer buffers (d2t) keep theirs.
     model.to(device=device)
@@ -126,6 +148,22 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu",
             if param is not None and param.is_floating_point():
                 param.data = param.data.to(dtype)
     return model.eval()
+
+
+def _check_d2t(d2t: torch.Tensor, config: DrafterConfig, weights: Path) -> None:
+    """The draft vocabulary must be what ``set_draft_vocab`` accepts: integer target ids in
+    [0, vocab_size), strictly increasing; an id out of range would index past the target's
+    vocabulary (an IndexError deep in training or evaluation, or a wrong token served)."""
+    problem = None
+    if d2t.is_floating_point() or d2t.dtype == torch.bool:
+        problem = f"has dtype {d2t.dtype}, not integer ids"
+    elif d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= config.vocab_size):
+        problem = (f"holds target ids in [{int(d2t.min())}, {int(d2t.max())}], outside the target vocabulary "
+                   f"[0, {config.vocab_size})")
+    elif d2t.numel() > 1 and not bool((d2t[1:] > d2t[:-1]).all()):
+        problem = "is not strictly increasing (sorted target ids, no duplicates)"
+    if problem is not None:
+        raise CheckpointError(f"{weights}: draft vocabulary d2t {problem}; the drafter is damaged: convert it again")
 
 
 def write_drafter_folder(model: Any, out: Path, *, tokenizer: Any = None, extra: dict[str, Any] | None = None,

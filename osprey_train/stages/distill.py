@@ -32,7 +32,9 @@ from osprey_train.models import load_drafter, save_drafter
 from osprey_train.models.io import read_drafter_config
 from osprey_train.stages.configs import DistillConfig
 from osprey_train.trainer import config_json
-from osprey_train.trainer.loop import TrainResult, train
+from osprey_train.trainer.loop import TrainResult, check_resume_request, train
+from osprey_train.trainer.resume_check import check_resume_config
+from osprey_train.trainer.run_lock import run_lock
 from osprey_train.ttt.attention import resolve_impl
 from osprey_train.ttt.loss import VocabMap
 from osprey_train.ttt.target_head import load_target_head
@@ -152,8 +154,13 @@ class DistillTask:
 
 
 def run(cfg: DistillConfig) -> TrainResult:
-    """Distill; returns the trainer's ``TrainResult`` (final drafter in ``loop.out_dir/final``)."""
-    with torch_threads(cfg.threads, note_to_stderr if cfg.loop.progress else None):
+    """Distill; returns the trainer's ``TrainResult`` (final drafter in ``loop.out_dir/final``).
+
+    The run folder's lock is taken and a resume checked against the checkpoint's recorded options
+    before the drafter or the store is opened."""
+    with run_lock(cfg.loop.out_dir), torch_threads(cfg.threads, note_to_stderr if cfg.loop.progress else None):
+        check_resume_request(cfg.loop)
+        check_resume_config(cfg)
         task = DistillTask(cfg)
         loop = dataclasses.replace(cfg.loop, extra={"stage": "distill", "config": config_json(cfg)})
         return train(task, loop, cfg.optim)

@@ -44,12 +44,12 @@ from torch.nn import functional as F
 
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
-from osprey_data.errors import CheckpointError, ConfigError, InputError
+from osprey_data.errors import ConfigError, InputError
 from osprey_data.target_model import load_hf_target
 from osprey_train.stages.configs import PretrainConfig
-from osprey_train.trainer import config_json
-from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
-from osprey_train.trainer.loop import TrainResult, train
+from osprey_train.trainer.loop import TrainResult, check_resume_request, train
+from osprey_train.trainer.resume_check import check_resume_config
+from osprey_train.trainer.run_lock import run_lock
 
 __all__ = ["PretrainConfig", "PretrainResult", "PretrainTask", "run"]
 
@@ -218,28 +218,13 @@ class PretrainTask:
         (Path(out_dir) / "pretrain_info.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
 
 
-# Settings that define the data stream and the model: a resume must not change them.
-_RESUME_FIXED = ("model", "corpus", "seq_len", "batch_size", "heldout_fraction", "teacher", "kd_temperature",
-                 "kd_weight")
-
-
-def _check_resume(cfg: PretrainConfig) -> None:
-    ckpt = latest_checkpoint(cfg.loop.out_dir / "checkpoints")
-    if not cfg.loop.resuming or ckpt is None:
-        return
-    saved = read_trainer_state(ckpt).get("extra", {}).get("config", {})
-    now = config_json(cfg)
-    diffs = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in _RESUME_FIXED if k in saved and saved[k] != now[k]]
-    if diffs:
-        raise CheckpointError(f"{ckpt}: cannot resume with different data/model settings ({'; '.join(diffs)}); "
-                              "use the original options or a fresh --out")
-
-
 def run(cfg: PretrainConfig) -> PretrainResult:
     """Pretrain ``cfg.model`` on ``cfg.corpus``; the trained model lands in ``cfg.loop.out_dir/final``."""
-    with torch_threads(cfg.threads, note_to_stderr if cfg.loop.progress else None):
+    # the lock before anything is read or written in the run folder
+    with run_lock(cfg.loop.out_dir), torch_threads(cfg.threads, note_to_stderr if cfg.loop.progress else None):
+        check_resume_request(cfg.loop)
+        check_resume_config(cfg)
         task = PretrainTask(cfg)
-        _check_resume(cfg)
         result = train(task, cfg.trainer_loop(), cfg.optim)
     initial = next((h["eval_ppl"] for h in result.eval_history if h["step"] == 0), None)
     final = result.last_eval.get("eval_ppl")

@@ -23,6 +23,7 @@ import dataclasses
 import math
 import tomllib
 import types
+import unicodedata
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,15 @@ def _fail(where: str, message: str) -> typing.NoReturn:
     raise ConfigError(f"{where}: {message}")
 
 
+def _check_label(where: str, name: Any) -> None:
+    """Study, domain and arm names become folder names and report text: a plain label only (no
+    path separator, not '.' or '..', no control or bidi-format characters)."""
+    if (not isinstance(name, str) or not name.strip() or name in (".", "..") or "/" in name or "\\" in name
+            or any(unicodedata.category(ch) in ("Cc", "Cf") for ch in name)):
+        _fail(where, f"name must be a plain label (no '/' or '\\', not '.' or '..', no control characters), "
+                     f"got {name!r}")
+
+
 @dataclass(kw_only=True)
 class StudySection:
     """``[study]``: what the study is called and how it runs."""
@@ -77,8 +87,7 @@ class StudySection:
     """Seed of the prompt selection (which prompts of a file a domain uses)."""
 
     def check(self, where: str) -> None:
-        if not self.name or "/" in self.name:
-            _fail(where, f"name must be a non-empty folder name, got {self.name!r}")
+        _check_label(where, self.name)
         if not (self.threads == "auto" or (isinstance(self.threads, int) and self.threads >= 1)):
             _fail(where, f"threads must be 'auto' or an integer >= 1, got {self.threads!r}")
         if not (self.device in ("cpu", "auto") or self.device.startswith("cuda")):
@@ -134,8 +143,7 @@ class DomainSection:
     """Prompts in the held-out store."""
 
     def check(self, where: str) -> None:
-        if not self.name or "/" in self.name:
-            _fail(where, f"name must be a non-empty label without '/', got {self.name!r}")
+        _check_label(where, self.name)
         for key in ("train", "eval"):
             path = getattr(self, key)
             if path is not None and not path.exists():
@@ -242,8 +250,7 @@ class ArmSection:
     distills with ``[distill]`` and these replaced (None: ``[distill]`` as it is)."""
 
     def check(self, where: str) -> None:
-        if not self.name or "/" in self.name:
-            _fail(where, f"name must be a non-empty label without '/', got {self.name!r}")
+        _check_label(where, self.name)
         if self.arch not in arch_names():
             _fail(where, f"arch must be one of {arch_names()}, got {self.arch!r}")
         if self.stage2 not in _STAGE2:

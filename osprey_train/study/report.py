@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_json, write_text
+from osprey_data.text import printable
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
 from osprey_train.study.claims import check_claims
@@ -55,9 +56,16 @@ def _f(x: float | None, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _cell(text: object) -> str:
+    """A table cell: control characters escaped (no forged line, no terminal escape) and ``|``
+    escaped, so a name (an arm, a domain, a store's domain) cannot add columns."""
+    return printable(text).replace("|", "\\|")
+
+
 def _table(header: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
     spec = align or "|".join(["---"] + ["---:"] * (len(header) - 1))
-    return ["| " + " | ".join(header) + " |", "|" + spec + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+    return ["| " + " | ".join(map(_cell, header)) + " |", "|" + spec + "|",
+            *("| " + " | ".join(map(_cell, r)) + " |" for r in rows)]
 
 
 def _matrix_table(values: list[list[float | None]], domains: list[str], eval_domains: list[str]) -> list[str]:

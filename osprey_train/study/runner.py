@@ -4,7 +4,8 @@ Layout of a study folder ``OUT``::
 
     OUT/study.toml            the study file of the latest run (``status`` and ``report`` read it)
     OUT/stages/KIND-KEY/      finished stages: the output + ``stage.json`` (settings, inputs, timings,
-                              threads, code version, summary); renamed into place when complete
+                              threads, code version, summary, sha256 of the output files); renamed
+                              into place when complete
     OUT/work/KIND-KEY/        a stage being run or interrupted; resumable kinds continue from it
     OUT/run.log               one line per stage started / finished
     OUT/.lock                 held while a runner works here (a second one is refused)
@@ -14,7 +15,9 @@ writes ``stage.json`` into it last and moves it into place with one rename
 (:func:`osprey_data.atomic.replace_dir`). Killing the process at any moment therefore leaves finished
 stages untouched and at most one stage in ``work/``; running the same command again skips what is
 finished and continues the interrupted stage from its own checkpoints (trainer checkpoints, committed
-store shards, tokenized corpus shards), which resume exactly.
+store shards, tokenized corpus shards), which resume exactly. A finished stage's files are checked
+against the checksums in its ``stage.json`` before another stage uses them
+(:mod:`osprey_train.study.integrity`): a damaged one is refused, naming the file and the folder to delete.
 
 SIGINT / SIGTERM: the stage in progress stops the way its own command does (a training stage
 checkpoints the step it finished, a store build commits its finished samples; a stage with no
@@ -25,7 +28,6 @@ stage, what was kept and the command that continues the study (exit 130 / 143).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import resource
 import shutil
@@ -38,11 +40,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from osprey_data import jsonio
 from osprey_data.atomic import replace_dir, write_json, write_text
 from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.cpu_threads import busy_machine_threads
 from osprey_train.study.config import StudyConfig
+from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
 from osprey_train.study.plan import Node, Plan, build_plan
 from osprey_train.study.stages import EXECUTORS, Inputs, StageContext
 
@@ -108,8 +112,8 @@ def read_record(out: Path, key_or_node: str | Node) -> dict[str, Any] | None:
             return None
         folder = matches[0]
     try:
-        return json.loads((folder / STAGE_RECORD).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return jsonio.loads((folder / STAGE_RECORD).read_bytes())
+    except (OSError, ValueError):   # JSONDecodeError, too deep, not UTF-8
         return None
 
 
@@ -231,6 +235,7 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         folder = stage_dir(out, dep)
         if not (folder / STAGE_RECORD).is_file():   # the plan orders inputs first: an internal invariant
             raise AssertionError(f"{node.label}: input {role} ({dep.label}) is not finished")
+        verify_stage(folder, dep.label)   # a damaged finished output is refused, never used
         inputs[role] = (dep, folder)
     work = out / "work" / node.folder
     interrupted = work.exists()
@@ -249,11 +254,20 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         "wall_s": time.perf_counter() - wall0, "cpu_s": _cpu_seconds() - cpu0, "threads": threads,
         "load_average": [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "resumed": interrupted and node.resumable, "code_version": code_version(),
+        CHECKSUM_KEY: output_checksums(work, node.kind),
     }
     write_json(work / STAGE_RECORD, record, default=str)
     (out / "stages").mkdir(exist_ok=True)
     replace_dir(work, stage_dir(out, node))
     return record
+
+
+def _finished(out: Path, node: Node) -> bool:
+    """Whether ``node`` is finished; a ``stage.json`` that does not parse is an error, not done."""
+    if not (stage_dir(out, node) / STAGE_RECORD).is_file():
+        return False
+    read_stage_record(stage_dir(out, node))
+    return True
 
 
 def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, done: int,
@@ -277,9 +291,28 @@ def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, 
                           f"`osprey study run {study_file} --out {cfg.out}`.", signum=exc.signum) from None
 
 
+# What a folder a study runner made holds (at least one of them from its first second on)
+_STUDY_MARKERS = ("study.toml", "stages", "work", "run.log", ".lock")
+
+
+def check_study_folder(out: Path) -> None:
+    """ConfigError when ``out`` is a non-empty folder that no study runner made: a mistyped
+    ``--out`` (the current folder, a home folder) must not fill up with stages and have its
+    ``study.toml`` replaced. Any study's folder is accepted (a study file may change between runs)."""
+    out = Path(out)
+    if not out.is_dir() or any((out / m).exists() for m in _STUDY_MARKERS):
+        return
+    entries = sorted(p.name for p in out.iterdir())
+    if entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(f"study: --out {out} is a non-empty folder that is not a study folder (it holds {shown}); "
+                          "choose a new or empty folder, or the folder of an earlier `osprey study run`")
+
+
 def run(cfg: StudyRunConfig) -> StudyRunResult:
     """Run (or continue) the study in ``cfg.out``."""
     out = cfg.out
+    check_study_folder(out)
     t0 = time.perf_counter()
     say: Callable[[str], None] = (lambda m: print(m, flush=True)) if cfg.progress else (lambda m: None)
     with _locked(out):
@@ -288,7 +321,7 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
         ctx = StageContext(cfg=cfg.study, cache=cfg.cache, progress=cfg.progress, log=lambda m: say(f"    {m}"))
         plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
         result = StudyRunResult(out=out, plan=plan)
-        todo = [n for n in plan.nodes if not (stage_dir(out, n) / STAGE_RECORD).is_file()]
+        todo = [n for n in plan.nodes if not _finished(out, n)]
         result.reused = len(plan.nodes) - len(todo)
         total = len(plan.nodes)
         if cfg.progress:

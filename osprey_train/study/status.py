@@ -42,12 +42,15 @@ class StudyStatus:
     """Wall seconds of the finished stages."""
     lock: str | None = None
     """The runner holding the folder, if any ('pid N since ...')."""
+    damaged: list[str] = field(default_factory=list)
+    """Finished-looking stage folders whose ``stage.json`` does not parse (``study run`` refuses
+    them until the folder is deleted): not counted as finished."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "out": str(self.out), "total": self.total, "done": self.done,
                 "by_kind": self.by_kind, "in_work": self.in_work, "next": self.next,
                 "remaining_s": self.remaining_s, "estimate_note": self.estimate_note, "spent_s": self.spent_s,
-                "lock": self.lock}
+                "lock": self.lock, "damaged": self.damaged}
 
     def to_text(self) -> str:
         lines = [f"study {self.name} in {self.out}: {self.done}/{self.total} stages finished; "
@@ -58,6 +61,8 @@ class StudyStatus:
             lines.append(f"  {kind:<9} {c['done']:>4}/{c['total']:<4}")
         for w in self.in_work:
             lines.append(f"  in progress: {w['label']}" + (f" ({w['progress']})" if w.get("progress") else ""))
+        for folder in self.damaged:
+            lines.append(f"  damaged: {folder} (stage.json unreadable; delete it to run that stage again)")
         if self.next:
             lines.append("  next: " + "; ".join(self.next))
         return "\n".join(lines)
@@ -102,6 +107,8 @@ def status(cfg: StudyConfig, out: Path) -> StudyStatus:
             st.spent_s += record.get("wall_s", 0.0)
             continue
         todo.append(node)
+        if not node.pending and (stage_dir(out, node) / STAGE_RECORD).is_file():
+            st.damaged.append(str(stage_dir(out, node)))
         work = out / "work" / node.folder
         if not node.pending and work.is_dir() and not (stage_dir(out, node) / STAGE_RECORD).is_file():
             st.in_work.append({"label": node.label, "folder": node.folder,

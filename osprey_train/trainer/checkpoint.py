@@ -33,13 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from osprey_data.atomic import replace_dir
 from osprey_data import jsonio
 from osprey_data.errors import CheckpointError
 from osprey_data.schema_check import validate
+from osprey_train.models.io import write_safetensors
 from osprey_train.trainer.distributed import DistContext, barrier, unwrap_model
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
@@ -67,7 +68,7 @@ def save_state_dict(state: dict[str, torch.Tensor], path: Path, metadata: dict[s
         tensors[name] = t.cpu().contiguous()
     meta = dict(metadata or {})
     meta["osprey_aliases"] = json.dumps(aliases)
-    save_file(tensors, str(path), metadata=meta)
+    write_safetensors(tensors, path, metadata=meta)   # a full disk: one CheckpointError naming the file
 
 
 def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
@@ -257,7 +258,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
     if ctx.is_main:
         save_state_dict(model_state, tmp / "model.safetensors")
         tensors, meta = _split_optimizer(optim_state)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        write_safetensors(tensors, tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps(meta), encoding="utf-8")
         doc = dict(trainer_state)
         doc.update({"format": "osprey-trainer-state", "version": 1, "step": step, "created_unix": time.time(),
@@ -346,6 +347,12 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     except (OSError, json.JSONDecodeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: checkpoint file unreadable ({exc}); delete this folder to resume "
                               "from the previous checkpoint") from exc
+    for what, state, rel in (("weight", model_state, files["model"]), ("optimizer state", tensors,
+                                                                    files["optimizer_tensors"])):
+        for name, t in state.items():   # else the first step diverges and the message blames --lr
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{path / rel}: {what} {name} holds NaN/inf; the run had diverged when "
+                                      "this was saved: delete this folder to resume from the previous checkpoint")
     _load_model_state(model, model_state, ctx, path)
     _load_optimizer_state(model, optimizer, _join_optimizer(tensors, meta), ctx, path)
     if restore_rng:

@@ -51,6 +51,7 @@ from osprey_train.trainer.distributed import (
 )
 from osprey_train.trainer.metrics import MetricsLog
 from osprey_train.trainer.optim import build_optimizer, lr_at, set_lr
+from osprey_train.trainer.run_lock import run_lock
 
 __all__ = ["TrainTask", "TrainResult", "train"]
 
@@ -188,10 +189,10 @@ def train(task: TrainTask, loop: LoopConfig, optim: OptimConfig) -> TrainResult:
     Raises:
         Interrupted: SIGINT/SIGTERM arrived; the finished steps were checkpointed first.
     """
-    check_resume_request(loop)
     ctx = setup_distributed(loop.distributed, loop.device)
     try:
-        with GracefulStop() as stop:
+        with run_lock(loop.out_dir, rank=ctx.rank), GracefulStop() as stop:
+            check_resume_request(loop)
             try:
                 return _Trainer(task, loop, optim, ctx, stop).run()
             except StopRequested as exc:   # before the first step or after the last: nothing unsaved
@@ -207,6 +208,11 @@ def check_resume_request(loop: LoopConfig) -> None:
     """Refuse, before any model is built, ``--resume`` on a folder without a checkpoint and a
     fresh start in a folder that holds one."""
     existing = latest_checkpoint(loop.out_dir / "checkpoints")
+    if existing is not None and loop.resuming:
+        step = read_trainer_state(existing)["step"]
+        if step > loop.max_steps:
+            raise CheckpointError(f"{existing}: the checkpoint is at step {step}, beyond --steps {loop.max_steps}; "
+                                  "resume with the run's own --steps or start a fresh --out")
     if existing is None and loop.resume and not loop.resume_if_any:
         raise ConfigError(f"--resume: {loop.out_dir / 'checkpoints'} holds no complete checkpoint, so there is "
                           f"nothing to continue; check --out, drop --resume to start from step 0, or pass "

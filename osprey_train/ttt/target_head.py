@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from osprey_data import jsonio
 from osprey_data.errors import InputError, ModelError
 
 __all__ = ["TargetHead", "load_target_head", "find_head_tensor"]
@@ -52,7 +53,12 @@ def _config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
         raise InputError(f"{path}: no config.json; pass the target's HF model folder")
-    cfg = json.loads(path.read_text())
+    try:
+        cfg = jsonio.loads(path.read_bytes())   # bounded nesting: no RecursionError
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     return cfg
 
 
@@ -60,7 +66,11 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
     """Map tensor name -> safetensors file, for single-file and sharded checkpoints."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        try:
+            doc = jsonio.loads(index.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{index}: not valid JSON ({exc})") from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict):
             raise InputError(f"{index}: no 'weight_map' object")
         return {k: model_dir / v for k, v in weight_map.items()}

@@ -47,3 +47,49 @@ def test_bad_record_is_skipped_and_named_in_the_journal(tiny_llama_dir, tmp_path
     assert err["sample_id"] == "bad" and err["line"] == 2 and err["file"].endswith("sharegpt.jsonl")
     with pytest.raises(InputError, match=r"sharegpt.jsonl:2\b"):
         run(_config(tiny_llama_dir, [inputs], tmp_path / "raise", regenerate=regenerate))
+
+
+def test_a_second_builder_of_a_fresh_store_is_refused_before_loading_the_target(tiny_llama_dir, tmp_path,
+                                                                                  monkeypatch):
+    """Item 19: the first builder of a new store holds its worker lock but has published no
+    manifest yet; a second one with the same worker index must not load the target first."""
+    from osprey_data.builder import runner as runner_mod
+    from osprey_data.store.fs import StoreFS
+    from osprey_data.store.worker_lock import WorkerBusyError, WorkerLock
+
+    inputs = _inputs(tmp_path, dict(GOOD, id="other"), reference=None)
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "shards").mkdir()   # what the first builder's writer has made so far: no manifest yet
+    first = WorkerLock(StoreFS(str(store), read_only=False), "w000of001")
+    first.acquire()
+    loads = []
+    monkeypatch.setitem(runner_mod.BACKENDS, "hf", lambda config: loads.append(config) or pytest.fail("loaded"))
+    try:
+        with pytest.raises(WorkerBusyError, match=r"worker w000of001 is already writing this store .*pid"):
+            run(_config(tiny_llama_dir, [inputs], store))
+    finally:
+        first.release()
+    assert loads == []
+
+
+@pytest.mark.parametrize("regenerate", [True, False])
+def test_a_template_error_names_the_file_line_and_sample(tiny_llama_dir, tmp_path, regenerate):
+    """Item 19: a chat template that cannot be masked (not prefix-stable) stops the build with the
+    input file, line and sample where it showed, under regeneration too."""
+    import shutil
+
+    from osprey_data.errors import ModelError
+
+    target = shutil.copytree(tiny_llama_dir, tmp_path / "target")
+    (target / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] + ':' + m['content'] + '|' }}{% endfor %}"
+        "{% if add_generation_prompt %}GEN{% else %}DONE{% endif %}")
+    conv = {"id": "multi", "conversations": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Tell me more"}, {"role": "assistant", "content": "Sure"}]}
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(GOOD | {"conversations": GOOD["conversations"] + [
+        {"role": "assistant", "content": "Hi"}]}) + "\n" + json.dumps(conv) + "\n")
+    with pytest.raises(ModelError, match=r"chats.jsonl:\d \(sample '(good|multi)'\): .*prefix-stable"):
+        run(_config(target, [path], tmp_path / "store", regenerate=regenerate))

@@ -392,17 +392,25 @@ def test_store_reads_tables_without_python_files_or_threads(tmp_path, monkeypatc
     import pyarrow.parquet as pq
 
     url = _store(tmp_path / "s", n=8, shard_max_tokens=50)
-    real = pq.read_table
+    real_init, real_read = pq.ParquetFile.__init__, pq.ParquetFile.read
     seen = []
 
-    def guarded(source, *args, **kwargs):
+    def no_dataset_reader(*args, **kwargs):  # its scanner starts an Arrow pool thread (issue #25 item 15)
+        raise AssertionError("pq.read_table starts an Arrow thread: pyarrow may abort the interpreter at exit")
+
+    def guarded_init(self, source, *args, **kwargs):
         seen.append(type(source).__name__)
         python_file = isinstance(source, io.IOBase) and not isinstance(source, pa.NativeFile)
         assert not python_file, "a Python file object: pyarrow may abort the interpreter at exit"
-        assert kwargs.get("use_threads") is False, "pyarrow's threaded reader may abort the interpreter at exit"
-        return real(source, *args, **kwargs)
+        return real_init(self, source, *args, **kwargs)
 
-    monkeypatch.setattr(pq, "read_table", guarded)
+    def guarded_read(self, *args, **kwargs):
+        assert kwargs.get("use_threads") is False, "pyarrow's threaded reader may abort the interpreter at exit"
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_table", no_dataset_reader)
+    monkeypatch.setattr(pq.ParquetFile, "__init__", guarded_init)
+    monkeypatch.setattr(pq.ParquetFile, "read", guarded_read)
     inspect_store(url)
     validate_store(url)
     StoreReader(url).sample(5)

@@ -156,3 +156,80 @@ def test_eviction_by_rename_still_keeps_the_newest_and_drops_the_oldest(tmp_path
     assert r.cache.has(r.manifest.shards[-1], "_COMMIT.json")
     assert not r.cache.shard_dir(r.manifest.shards[0]).exists()
     assert not [p for p in r.cache.dir.iterdir() if p.name.startswith(".evicted-")]
+
+
+# --- item 15: `osprey data validate --no-values` aborted at exit on a one-shard store ---------
+
+# Counts the native threads of the process around a validation: reading a shard table through
+# pq.read_table started a worker of Arrow's global thread pool, which aborted the interpreter at
+# exit ("terminate called without an active exception", SIGABRT, exit 134) in about half the runs.
+_THREADS = """
+import os, sys, threading
+from osprey_data.store import validate_store
+native = lambda: len(os.listdir("/proc/self/task")) - len(threading.enumerate())   # Python threads exit cleanly
+before = native()
+report = validate_store(sys.argv[1], check_values=False)
+assert report.ok, report.format()
+print(before, native())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc (Linux)")
+def test_validating_without_values_starts_no_native_thread(tmp_path):
+    from tests.data.store.test_faults import _store
+
+    url = _store(tmp_path / "s", n=4)   # one shard
+    proc = subprocess.run([sys.executable, "-c", _THREADS, url], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    before, after = map(int, proc.stdout.split())
+    assert after == before, "reading the shard table started a native (Arrow pool) thread"
+
+
+@pytest.mark.slow   # ~18 s on 2 busy cores; the thread count above catches the cause in every run
+def test_validate_no_values_on_a_one_shard_store_exits_0_every_time(tmp_path):
+    """The documented consumer check, 10 fresh CLI processes (a one-shard store of the tiny Llama
+    aborted 9 of 20 before the fix; 0 of 30 after)."""
+    from tests.data.store.test_faults import _store
+
+    url = _store(tmp_path / "s", n=4)
+    code = "import sys; from osprey_cli.main import main; sys.argv[0] = 'osprey'; main()"
+    codes = []
+    for _ in range(10):
+        proc = subprocess.run([sys.executable, "-c", code, "data", "validate", url, "--no-values"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert "OK" in proc.stdout, proc.stdout + proc.stderr
+        codes.append(proc.returncode)
+    assert codes == [0] * 10
+
+
+# --- item 17: lock files and a symlinked locks/ folder are never followed out of the store ------
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-folder", "dangling"])
+def test_a_symlinked_locks_folder_is_refused(tmp_path, dangling):
+    from osprey_data.errors import StoreError
+    from osprey_data.store import StoreWriter
+    from tests.data.store.helpers import make_header
+
+    url = str(tmp_path / "s")
+    write_records(url, range(2))
+    outside = tmp_path / "elsewhere"
+    if not dangling:
+        outside.mkdir()
+    shutil.rmtree(Path(url) / "locks")
+    (Path(url) / "locks").symlink_to(outside)
+    with pytest.raises(StoreError, match=r"locks: must be a plain folder of the store, not a symlink"):
+        StoreWriter(url, make_header("bf16"), shard_max_tokens=50)
+    assert not outside.exists() or list(outside.iterdir()) == []   # nothing written outside
+
+
+def test_a_symlinked_update_lock_is_refused(tmp_path):
+    url = str(tmp_path / "s")
+    write_records(url, range(2))
+    target = tmp_path / "victim"
+    lock = Path(url) / ".osprey.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(target)
+    with pytest.raises(StoreCorruptError, match=r"\.osprey\.lock: cannot open the store's update lock"):
+        merge_store(url)
+    assert not target.exists()   # the link was not followed (open would have created it)

@@ -86,7 +86,7 @@ def test_resume_is_exact(setup):
     a = load_file(str(straight.final_dir / "model.safetensors"))
     b = load_file(str(again.final_dir / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(CheckpointError, match="seq_len"):
+    with pytest.raises(CheckpointError, match="--seq-len: checkpoint 16, now 8"):
         run(_cfg(setup, "resumed", max_steps=4, save_every=2, resume=True, seq_len=8))
 
 

@@ -220,3 +220,62 @@ def test_a_signal_inside_a_training_stage_keeps_its_checkpoint(finished, tmp_pat
     a = load_file(str(stage_dir(reference, node) / "run" / "final" / "model.safetensors"))
     b = load_file(str(stage_dir(out, node) / "run" / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), seed
+
+
+def _flip_exponent_bit(path: Path) -> None:
+    """One flipped top exponent bit in the first float of a safetensors file's first tensor."""
+    import struct
+
+    raw = bytearray(path.read_bytes())
+    header_len = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + header_len])
+    first = min(v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    raw[8 + header_len + first + 3] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def test_a_damaged_finished_convert_stage_is_refused_before_reuse(finished, tmp_path):
+    """Issue #25 item 13: a flipped bit in a finished convert stage's weights is caught by the checksum
+    its stage.json recorded, before the distill stage that reads it runs (one line, exit 2)."""
+    from osprey_data.errors import StageCorruptError
+
+    cfg, reference, _ = finished
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    plan = build_plan(cfg, lookup=lambda key: read_record(out, key))
+    distill = next(n for n in plan.nodes if n.kind == "distill" and any(d.kind == "convert" for d in n.deps.values()))
+    convert = next(d for d in distill.deps.values() if d.kind == "convert")
+    assert "drafter/model.safetensors" in read_record(out, convert)["outputs_sha256"]
+    damaged = stage_dir(out, convert) / "drafter" / "model.safetensors"
+    _flip_exponent_bit(damaged)
+    shutil.rmtree(stage_dir(out, distill))     # so that the damaged stage is needed again
+    with pytest.raises(StageCorruptError, match=rf"{damaged}: output of finished stage .*damaged.*"
+                                                rf"delete {stage_dir(out, convert)} and rerun"):
+        run(StudyRunConfig(study=cfg, out=out, progress=False))
+    assert not (stage_dir(out, distill)).exists()
+    res = CliRunner().invoke(cli, ["study", "run", str(cfg.path), "--out", str(out), "--no-progress"])
+    assert res.exit_code == 2 and "damaged" in res.output and "Traceback" not in res.output
+    # the way out the message gives: delete the damaged stage and rerun; it is rebuilt identically
+    shutil.rmtree(stage_dir(out, convert))
+    run(StudyRunConfig(study=cfg, out=out, progress=False))
+    a = load_file(str(stage_dir(reference, distill) / "run" / "final" / "model.safetensors"))
+    b = load_file(str(stage_dir(out, distill) / "run" / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("garbage", ["{garbage", "[" * 100000 + "]" * 100000], ids=["broken", "deep"])
+def test_a_garbage_stage_record_is_an_error_not_done(finished, tmp_path, garbage):
+    """Issue #25 items 18-19: a stage.json that does not parse (or nests 100,000 deep) does not
+    count as a finished stage, and is no RecursionError."""
+    from osprey_data.errors import StageCorruptError
+
+    cfg, reference, _ = finished
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    node = build_plan(cfg, lookup=lambda key: read_record(out, key)).live
+    (stage_dir(out, node) / "stage.json").write_text(garbage)
+    with pytest.raises(StageCorruptError, match=r"stage.json: finished stage record unreadable.*delete"):
+        run(StudyRunConfig(study=cfg, out=out, progress=False))
+    st = status(cfg, out)   # status agrees: not finished, and named as damaged
+    assert st.done == len(build_plan(cfg, lookup=lambda key: read_record(out, key)).nodes) - 1
+    assert st.damaged == [str(stage_dir(out, node))] and "damaged:" in st.to_text()

@@ -101,3 +101,42 @@ def test_optimizer_state_of_another_shape_is_one_clear_error(tmp_path, ckpt):
     _write_state(ckpt, doc)
     with pytest.raises(CheckpointError, match=rf"optimizer state.*{key.split('/')[0]}.*shape"):
         _resume(tmp_path)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
+    """safetensors raises its own SafetensorError (no OSError) on ENOSPC; the trainer names the file."""
+    from safetensors import SafetensorError
+
+    from osprey_train.models import io as model_io
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                              'message: "No space left on device" })')
+
+    monkeypatch.setattr(model_io, "save_file", full)
+    with pytest.raises(CheckpointError, match=r"\.tmp-step-2/model.safetensors: cannot write .*No space left.*"
+                                              r"free disk space"):
+        train(ToyTask(), _loop(tmp_path), OptimConfig())
+    assert not (tmp_path / "checkpoints" / "step-2").exists()   # nothing half-written looks complete
+
+
+@pytest.mark.parametrize("rel", ["optimizer.safetensors", "model.safetensors"])
+def test_nan_in_a_saved_state_is_named_not_blamed_on_the_learning_rate(tmp_path, ckpt, rel):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(ckpt / rel))
+    key = sorted(k for k, v in tensors.items() if v.is_floating_point() and v.numel() > 1)[0]
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[0] = float("nan")
+    metadata = None
+    if rel == "model.safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / rel), framework="pt") as f:
+            metadata = f.metadata()
+    save_file(tensors, str(ckpt / rel), metadata=metadata)
+    doc = _state(ckpt)
+    doc.pop("sha256", None)   # as if saved so: the content check itself must hold
+    _write_state(ckpt, doc)
+    with pytest.raises(CheckpointError, match=rf"{rel}: .* {key} holds NaN/inf; the run had diverged"):
+        _resume(tmp_path)
