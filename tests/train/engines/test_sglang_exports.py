@@ -19,9 +19,10 @@ What is checked: the export's ``config.json`` names that class; SGLang's model r
 building the draft model as that class (its ``Load weight end ... type=<class>`` log line of the
 scheduler process, read from the captured stderr: the model object lives in that process, out of
 reach of the test); every request produces its tokens and SGLang's own per-request counters
-(``meta_info``) show verify rounds (``spec_verify_ct`` >= 1) each with two proposed drafts
-(``spec_num_proposed_drafts`` = 2 x rounds) and a histogram of accepted drafts over exactly those
-rounds: the draft model's forward ran in every round. A truncated Osprey export (one tensor removed)
+(``meta_info``) show verify rounds (``spec_verify_ct`` >= 1, and the histogram of accepted drafts,
+filled once per verified round, covers exactly those rounds): SGLang's EAGLE worker drafts with
+the draft model before each verify, so its forward ran. (``spec_num_proposed_drafts`` is not
+evidence: SGLang computes it as rounds x (draft tokens - 1).) A truncated Osprey export (one tensor removed)
 must make the engine refuse to start, with our class's reason in the log: the load is checked,
 not trusted. (Seen once by hand, not tested, to save an engine start: an EAGLE-3 export whose
 config.json halves ``hidden_size`` fails in SGLang's own ``LlamaForCausalLMEagle3.load_weights``
@@ -127,7 +128,7 @@ def test_export_loads_in_sglangs_class_and_drafts_every_round(exports, arch, mon
         meta = out["meta_info"]
         assert len(out["output_ids"]) == NEW_TOKENS and meta["completion_tokens"] == NEW_TOKENS, meta
         rounds = meta["spec_verify_ct"]
-        assert rounds >= 1 and meta["spec_num_proposed_drafts"] == STEPS * rounds, meta
+        assert rounds >= 1, meta
         assert sum(meta["spec_accept_histogram"]) == rounds, meta
 
 
