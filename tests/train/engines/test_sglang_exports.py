@@ -37,6 +37,7 @@ output after 1-3 tokens and depends on the drafter), so those numbers check noth
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -143,13 +144,21 @@ def test_truncated_osprey_export_fails_to_load_with_the_reason(exports, tmp_path
     state.pop("model.layers.1.self_attn.k_proj.weight")
     save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
     _use_external_class(monkeypatch, "osprey")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    import zmq  # SGLang's dependency, in its venv
+
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    contexts = {id(c) for c in gc.get_objects() if isinstance(c, zmq.Context)}
     try:
         with pytest.raises(RuntimeError, match="scheduler died during initialization"):
             sglang_engine(exports["target"], broken)
-    finally:  # a failed start leaves the engine's other children (detokenizer) running
+    finally:
+        # A failed start is not cleaned up by SGLang: its detokenizer keeps running, and the ZMQ
+        # contexts it opened block this process's exit forever (Context.__del__ -> term, seen).
         for p in psutil.Process().children(recursive=True):
-            if p.pid not in before and p.name().startswith("sglang::"):
+            if p.pid not in children and p.name().startswith("sglang::"):
                 p.kill()
+        for c in gc.get_objects():
+            if isinstance(c, zmq.Context) and id(c) not in contexts:
+                c.destroy(linger=0)
     err = capfd.readouterr().err
     assert "the checkpoint lacks 1 tensor(s) the model needs (model.layers.1.self_attn.k_proj.weight)" in err, err[-3000:]
