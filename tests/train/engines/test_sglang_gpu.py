@@ -4,7 +4,10 @@ and SGLang's own per-request accept counts equal our offline figure on the same 
 ``gpu``: skipped without CUDA; ``sglang``: skipped where the sglang extra is not installed (as the
 other CUDA SGLang test, tests/train/export). The CPU rig cannot check this: its speculative path
 is wrong at that snapshot (../shared/wheels/README.md; test_sglang_exports.py checks what the CPU
-can: both exports load in SGLang's classes and their draft forward runs). Not yet run on a GPU.
+can: both exports load in SGLang's classes and their draft forward runs). Not yet run on a GPU;
+its plumbing (the engine calls, the ``meta_info`` fields, the comparison) was run once by hand on
+the CPU rig with bf16 engine settings, where it reached the comparison and reported a difference
+on one prompt, as expected there.
 
 Setup, tiny and fast: a random Llama target (4 heads of 64); an **Osprey** drafter that is the
 whole target converted (so it drafts the target's own next tokens) with seeded noise in its
