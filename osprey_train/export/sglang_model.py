@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["map_weight_name", "STACKED_PARAMS", "SGLANG_AVAILABLE"]
+__all__ = ["map_weight_name", "checkpoint_names", "STACKED_PARAMS", "SGLANG_AVAILABLE"]
 
 # (our tensor-name fragment, fused SGLang parameter fragment, shard id)
 STACKED_PARAMS = (
@@ -51,6 +51,16 @@ def map_weight_name(name: str) -> tuple[str, Any]:
         if ours in name:
             return name.replace(ours, fused), shard
     return name, None
+
+
+def checkpoint_names(param_names: Iterable[str]) -> set[str]:
+    """The checkpoint tensor names that fill these SGLang parameters (a fused parameter needs each
+    of its shards): what :func:`map_weight_name` maps onto them. Pure Python, as above."""
+    out: set[str] = set()
+    for name in param_names:
+        shards = [name.replace(fused, ours) for ours, fused, _ in STACKED_PARAMS if fused in name]
+        out.update(shards or [name])
+    return out
 
 
 try:  # pragma: no cover - exercised only where SGLang is installed (see tests marked sglang)
@@ -193,7 +203,9 @@ if SGLANG_AVAILABLE:  # pragma: no cover - needs SGLang + GPU
 
         def load_weights(self, weights: Iterable[tuple[str, "torch.Tensor"]]) -> None:
             params = dict(self.named_parameters())
+            seen: set[str] = set()
             for name, tensor in weights:
+                seen.add(name)
                 if name == "d2t":  # offsets of the draft vocabulary: draft id i -> target id i + d2t[i]
                     self.hot_token_id = tensor.long() + torch.arange(tensor.shape[0], device=tensor.device)
                     continue
@@ -208,5 +220,12 @@ if SGLANG_AVAILABLE:  # pragma: no cover - needs SGLang + GPU
                     loader(param, tensor)
                 else:
                     loader(param, tensor, shard)
+            # SGLang leaves a parameter no tensor reaches uninitialised: a truncated export would
+            # serve garbage drafts (still lossless, so nothing else would notice)
+            missing = sorted(checkpoint_names(params) - seen)
+            if missing:
+                raise ValueError(f"Osprey drafter: the checkpoint lacks {len(missing)} tensor(s) the model needs "
+                                 f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); export the "
+                                 "drafter again with `osprey export --format sglang`")
 
     EntryClass = [OspreyDrafterForCausalLM]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.export import ExportConfig, load_export, run
-from osprey_train.export.sglang_model import map_weight_name
+from osprey_train.export.sglang_model import checkpoint_names, map_weight_name
 from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, save_drafter
 
 TARGET = TargetIdentity(name_or_path="/models/target", model_type="llama", config_hash="c", tokenizer_hash="t",
@@ -167,6 +167,9 @@ def test_osprey_sglang_export_matches_external_class_names(drafters, tmp_path):
         assert (f"model.layers.{i}.mlp.gate_up_proj.weight", 1) in mapped
         assert f"model.layers.{i}.cond_norm.weight" in names and f"model.layers.{i}.self_attn.q_norm.weight" in names
     assert {"w_c.weight", "lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"} <= names
+    # what the class's load_weights demands back from its parameters is exactly the export's tensors
+    # (a fused parameter needs each shard): a truncated export is refused, a whole one is not
+    assert checkpoint_names(names) == set(state)
     assert "d2t" not in state and cfg["draft_vocab_size"] == 384  # full vocabulary: no map
     # a reduced draft vocabulary travels as EAGLE-3's does: int64 offsets d2t + bool t2d
     dv, dv_folder = drafters["osprey-dv"]

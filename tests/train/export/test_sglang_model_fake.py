@@ -236,3 +236,23 @@ def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset, dr
         out = model(torch.tensor([chain[-1]]), torch.tensor([6 + step]), batch)
     assert chain == draft_all_positions(drafter, tokens, hidden, 3)[5].tolist()
     assert "sglang" in sys.modules  # the fakes are active only inside this test (monkeypatch undoes them)
+
+
+def test_external_class_refuses_a_checkpoint_missing_a_tensor(tmp_path, monkeypatch):
+    """SGLang leaves a parameter no tensor reaches uninitialised: the class names the missing one
+    (the engine-level twin runs in tests/train/engines/test_sglang_exports.py)."""
+    from safetensors.torch import load_file
+
+    for name, mod in _fake_sglang().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    path = Path(__import__("osprey_train.export.sglang_model", fromlist=["x"]).__file__)
+    spec = importlib.util.spec_from_file_location("_osprey_sglang_model_under_fakes", path)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    save_drafter(OspreyDrafter(DrafterConfig.from_name("tiny", target_hidden_size=32)), tmp_path / "d")
+    out = run(ExportConfig(drafter=tmp_path / "d", format="sglang", out=tmp_path / "s")).out
+    model = ext.OspreyDrafterForCausalLM(types.SimpleNamespace(**json.loads((out / "config.json").read_text())))
+    state = load_file(str(out / "model.safetensors"))
+    state.pop("model.layers.1.mlp.up_proj.weight")  # one shard of a fused parameter
+    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\).*model\.layers\.1\.mlp\.up_proj\.weight"):
+        model.load_weights(state.items())
