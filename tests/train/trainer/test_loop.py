@@ -132,13 +132,15 @@ def test_resume_without_checkpoint_is_an_error_unless_if_any(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_checkpoints_the_finished_step_and_resume_is_exact(tmp_path, signum):
+    # the handlers in place before (SIGINT is SIG_IGN in a job a non-interactive shell backgrounds)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     straight = train(ToyTask(), _loop(tmp_path / "a", save_every=0, eval_every=0), OPTIM)
     # a real signal to this process in the middle of step 3 (save_every=0: no periodic checkpoint)
     with pytest.raises(Interrupted, match=rf"interrupted by {signum.name} after step 4 of 10: checkpoint "
                                           rf".*step-4 kept; rerun the same command with --resume") as exc:
         train(ToyTask(signal_at_step=3, signum=signum), _loop(tmp_path / "b", save_every=0, eval_every=0), OPTIM)
     assert exc.value.exit_code == 128 + signum
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers restored
     assert [p.name for p in (tmp_path / "b" / "checkpoints").iterdir()] == ["step-4"]
     resumed = train(ToyTask(), _loop(tmp_path / "b", save_every=0, eval_every=0, resume=True), OPTIM)
     assert resumed.resumed_from.name == "step-4"
