@@ -20,11 +20,11 @@ checksums existed have none and are reused as before.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from osprey_data import jsonio
+from osprey_data.digest import file_sha256
 from osprey_data.errors import StageCorruptError
 from osprey_train.trainer.run_lock import LOCK_NAME
 
@@ -35,14 +35,6 @@ STAGE_RECORD = "stage.json"
 # kind -> sub-folder that checks its own integrity on every read (not hashed again here)
 _SELF_VERIFYING = {"store": "store", "corpus": "corpus"}
 _SKIPPED_NAMES = {STAGE_RECORD, LOCK_NAME}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(folder: Path, kind: str) -> list[str]:
@@ -61,7 +53,7 @@ def _files(folder: Path, kind: str) -> list[str]:
 def output_checksums(folder: Path, kind: str) -> dict[str, str]:
     """sha256 of every file of the stage output in ``folder`` (see the module docstring)."""
     folder = Path(folder)
-    return {rel: _sha256(folder / rel) for rel in _files(folder, kind)}
+    return {rel: file_sha256(folder / rel) for rel in _files(folder, kind)}
 
 
 def read_stage_record(folder: Path) -> dict[str, Any]:
@@ -99,7 +91,7 @@ def verify_stage(folder: Path, label: str) -> dict[str, Any]:
             raise StageCorruptError(f"{folder / STAGE_RECORD}: names {rel!r} outside the stage folder; delete "
                                     f"{folder} and rerun the same command")
         try:
-            actual = _sha256(path)
+            actual = file_sha256(path)
         except OSError as exc:
             raise StageCorruptError(f"{folder / rel}: output of finished stage {label} is unreadable "
                                     f"({exc.strerror}); delete {folder} and rerun the same command to run "

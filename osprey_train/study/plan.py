@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osprey_data.digest import file_sha256
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, ConvertSection, EvalStage, LiveStage, ModelSection,
@@ -48,11 +49,7 @@ def file_digest(path: Path) -> str:
     st = path.stat()
     cache_key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if cache_key not in _digests:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        _digests[cache_key] = h.hexdigest()
+        _digests[cache_key] = file_sha256(path)
     return _digests[cache_key]
 
 

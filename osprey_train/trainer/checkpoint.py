@@ -21,7 +21,6 @@ parameters changed fails with a clear :class:`CheckpointError` instead of loadin
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import random
 import re
@@ -38,6 +37,7 @@ from torch import nn
 
 from osprey_data.atomic import replace_dir
 from osprey_data import jsonio
+from osprey_data.digest import file_sha256
 from osprey_data.errors import CheckpointError
 from osprey_data.schema_check import validate
 from osprey_train.models.io import write_safetensors
@@ -268,7 +268,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
         validate(doc, TRAINER_STATE_SCHEMA, where=str(final / "trainer_state.json"))
     barrier(ctx)   # every rank's RNG file is in place before the folder becomes visible
     if ctx.is_main:
-        doc["sha256"] = {rel: _sha256(tmp / rel) for rel in _file_names(doc["files"])}
+        doc["sha256"] = {rel: file_sha256(tmp / rel) for rel in _file_names(doc["files"])}
         (tmp / "trainer_state.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
         replace_dir(tmp, final)   # a checkpoint of the same step is replaced, never deleted first
         if keep > 0:
@@ -276,14 +276,6 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
                 shutil.rmtree(old, ignore_errors=True)
     barrier(ctx)
     return final
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _file_names(files: dict[str, Any]) -> list[str]:
@@ -301,7 +293,7 @@ def verify_checkpoint(path: Path, doc: dict[str, Any]) -> None:
             raise CheckpointError(f"{path}/trainer_state.json: no sha256 for {rel}; the checkpoint is incomplete "
                                   "or edited — delete this folder to resume from the previous checkpoint")
         try:
-            actual = _sha256(path / rel)
+            actual = file_sha256(path / rel)
         except OSError as exc:
             raise CheckpointError(f"{path / rel}: unreadable ({exc}); delete this folder to resume from the "
                                   "previous checkpoint") from None
