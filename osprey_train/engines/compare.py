@@ -6,14 +6,23 @@ Counting (greedy chain drafting of S tokens, one verify round per engine step af
   (:func:`~osprey_train.evaluation.acceptance.acceptance_walk`) and our live harness do;
 * ``accepted_per_pos[s]`` is the number of rounds whose draft ``s`` (0-based) was accepted, i.e.
   rounds with at least ``s + 1`` accepted drafts (vLLM's ``num_accepted_tokens_per_pos``);
+* SGLang's per-request ``meta_info`` gives the same two figures: ``spec_verify_ct`` (rounds) and
+  ``spec_accept_histogram`` (rounds per number of accepted drafts), from which
+  ``accepted_per_pos`` follows (:mod:`sglang_driver`);
 * **the end-of-request overcount**: vLLM compares all S drafts of a round with the target's greedy
-  tokens and counts the matches *before* cutting the output at ``max_tokens`` or a stop token. In
-  the last round of a request, drafts matching the target's continuation past the end are counted
-  although they were never emitted. Our definition (and SGLang's) counts at most the tokens the
-  round emitted. So, per request: ``ours = vLLM's - overcount``, where the overcount can only sit
-  in the last round, only when that round accepted every draft up to the end (``a_last`` =
-  the tokens left), and only at draft positions ``a_last, a_last + 1, ...``: exactly ``k``
-  consecutive positions, ``k = sum(vLLM's accepted) - sum(ours)``.
+  tokens and counts the matches *before* cutting the output at ``max_tokens`` or a stop token.
+  SGLang does the same (read in its source at the rig's snapshot: its greedy tree verify looks at
+  neither, and the scheduler trims the output after counting). In the last round of a request,
+  drafts matching the target's continuation past the end are counted although they were never
+  emitted. Our definition counts at most the tokens the round emitted. So, per request: ``ours =
+  the engine's - overcount``, where the overcount can only sit in the last round, only when that
+  round accepted every draft up to the end (``a_last`` = the tokens left), and only at draft
+  positions ``a_last, a_last + 1, ...``: exactly ``k`` consecutive positions, ``k = sum(engine's
+  accepted) - sum(ours)``;
+* **the engine's own consistency**: whatever the drafts, the prefill emits one token and every
+  round ``a + 1``, of which the last round loses at most S to the cut, so ``0 <= 1 + rounds +
+  accepted - tokens <= S`` (no round: at most the prefill's token). This needs nothing of ours:
+  it checks that the counters were read right even where the engine's outputs are wrong.
 
 :func:`reconcile` applies exactly that rule: the engine's per-position counts of a prompt must
 equal ours plus one contiguous block at the last round's position; anything else is a disagreement
@@ -27,12 +36,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PromptComparison", "counts_from_rounds", "reconcile", "first_difference"]
+__all__ = ["PromptComparison", "counts_from_rounds", "counters_consistent", "reconcile", "first_difference"]
 
 
 def counts_from_rounds(accepted: list[int], steps: int) -> list[int]:
     """Per draft position ``s``: rounds with more than ``s`` accepted drafts."""
     return [sum(1 for a in accepted if a > s) for s in range(steps)]
+
+
+def counters_consistent(tokens: int, rounds: int, accepted: int, steps: int) -> bool:
+    """An engine's counters against the tokens it returned (this module's docstring)."""
+    if rounds == 0:
+        return accepted == 0 and tokens <= 1
+    return 0 <= 1 + rounds + accepted - tokens <= steps
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -63,7 +79,10 @@ class PromptComparison:
     """Drafts vLLM counted accepted past the request's end (max_tokens / stop token)."""
     overcount_per_pos: list[int]
     agrees: bool
-    """Engine rounds equal ours and engine counts = ours + the overcount block, exactly."""
+    """Engine rounds equal ours and engine counts = ours + the overcount block, exactly (and the
+    engine's counters are consistent with its output length)."""
+    counters_consistent: bool = True
+    """``0 <= 1 + rounds + accepted - tokens <= S`` for the engine's own figures."""
     live_rounds: int | None = None
     live_per_pos: list[int] | None = None
     identical: dict[str, bool] = field(default_factory=dict)
@@ -92,6 +111,10 @@ def reconcile(*, sample_id: str, domain: str, steps: int, tokens: int, engine: d
     k = sum(engine_pos) - sum(offline)
     block = [0] * steps
     why = []
+    consistent = counters_consistent(tokens, int(engine["num_drafts"]), sum(engine_pos), steps)
+    if not consistent:
+        why.append(f"engine counters ({engine['num_drafts']} rounds, {sum(engine_pos)} accepted) do not add up to "
+                   f"its {tokens} output tokens")
     if int(engine["num_drafts"]) != len(walk):
         why.append(f"{engine['num_drafts']} engine rounds vs {len(walk)} offline")
     if walk and k > 0:
@@ -110,5 +133,6 @@ def reconcile(*, sample_id: str, domain: str, steps: int, tokens: int, engine: d
         id=sample_id, domain=domain, steps=steps, tokens=tokens, engine_rounds=int(engine["num_drafts"]),
         offline_rounds=len(walk),
         offline_emitted=sum(e for _, e, _ in walk), engine_per_pos=engine_pos, offline_per_pos=offline, overcount=max(k, 0) if not why else 0,
-        overcount_per_pos=block, agrees=not why, live_rounds=None if live_accepted is None else len(live_accepted),
+        overcount_per_pos=block, agrees=not why, counters_consistent=consistent,
+        live_rounds=None if live_accepted is None else len(live_accepted),
         live_per_pos=live_pos, identical=dict(identical or {}), why="; ".join(why))

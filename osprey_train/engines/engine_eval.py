@@ -2,20 +2,29 @@
 
 One run, on one prompt file:
 
-1. **export**: the drafter is exported with ``osprey export --format vllm`` into ``OUT/export``
-   (or ``exports`` names vLLM exports made elsewhere, each checked against the drafter they came
-   from: this is how a broken export, a wrong tap order or ``d2t``, shows up);
+1. **export**: the drafter is exported with ``osprey export --format vllm|sglang`` into
+   ``OUT/export`` (or ``exports`` names exports made elsewhere, each checked against the drafter
+   they came from: this is how a broken export, a wrong tap order or ``d2t``, shows up);
 2. **offline**: a store is built from the same prompts (greedy, the target's own responses, the
-   drafter's taps; ``OUT/store``, reused when it is complete) and our offline walk
-   (:mod:`~osprey_train.evaluation.acceptance`) gives every prompt's verify rounds;
+   drafter's taps, in the engine's dtype; ``OUT/store``, reused when it is complete) and our
+   offline walk (:mod:`~osprey_train.evaluation.acceptance`) gives every prompt's verify rounds;
 3. **live**: our live harness (:mod:`~osprey_train.evaluation.live`) decodes the prompts with the
-   drafter (optional);
-4. **engine**: one engine process in the engine's venv (:mod:`rig`, :mod:`vllm_driver`) decodes
-   the prompts greedily without speculation, then with each export, one request at a time (the
-   engine's per-request counters) and then all together (batched speed);
+   drafter (optional), in the engine's dtype;
+4. **engine**: one engine process in the engine's venv (:mod:`rig`, :mod:`vllm_driver` or
+   :mod:`sglang_driver`) decodes the prompts greedily without speculation, then with each export,
+   one request at a time (the engine's per-request counters) and then all together (batched
+   speed; SGLang's counters are per request there too);
 5. **report** (:mod:`engine_report`): per prompt and in total, the engine's rounds and accepted
    drafts per position against ours, reconciled by the end-of-request overcount
-   (:mod:`compare`), greedy outputs identical or not, tokens/s with and without speculation.
+   (:mod:`compare`), greedy outputs identical or not (speculative = plain: the engine is
+   lossless, or its acceptance figures check nothing), tokens/s with and without speculation.
+
+Precision: vLLM runs float32 for exact parity. SGLang's CPU engine runs bfloat16 only (its
+RMSNorm and AMX attention kernels have no float32), so there the store and the live harness run
+in bfloat16 too; bf16 kernels round differently from ours, a near-tie can flip a greedy token,
+and a prompt whose outputs differ is reported as not comparable, not as agreement. SGLang's CPU
+speculative decoding is moreover not lossless at the rig's snapshot (../shared/wheels/README.md):
+the report says so and its acceptance figures then check nothing. On CUDA SGLang runs float32.
 
 Prompts are rendered on our side (:mod:`~osprey_train.evaluation.live_prompts`, the builder's
 renderer) and handed to the engine as token ids, so all three see the same ids.
@@ -36,7 +45,7 @@ from osprey_data.builder.runner import run as build_store
 from osprey_data.conversation import iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
-from osprey_data.target_model import check_compatible
+from osprey_data.target_model import check_compatible, resolve_precision
 from osprey_train.engines.compare import PromptComparison, first_difference, reconcile
 from osprey_train.engines.engine_report import EngineReport, ExportSummary, summarize_export
 from osprey_train.engines.rig import ENGINES, find_rig, run_driver
@@ -49,9 +58,10 @@ from osprey_train.export import ExportConfig
 from osprey_train.export import run as run_export
 from osprey_train.models import load_drafter
 
-__all__ = ["EngineEvalConfig", "run", "engine_env", "DTYPES"]
+__all__ = ["EngineEvalConfig", "run", "engine_env", "sglang_env", "sglang_engine_kwargs", "DTYPES", "DRIVERS"]
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
+DRIVERS = {"vllm": "osprey_train.engines.vllm_driver", "sglang": "osprey_train.engines.sglang_driver"}
 
 
 @dataclass(kw_only=True)
@@ -59,7 +69,7 @@ class EngineEvalConfig:
     """Options of ``osprey eval engine``."""
 
     engine: str
-    """Engine: 'vllm'."""
+    """Engine: 'vllm' or 'sglang'."""
     drafter: Path
     """Drafter folder (Osprey or EAGLE-3, ``save_drafter`` output)."""
     target: str
@@ -73,15 +83,19 @@ class EngineEvalConfig:
     max_new_tokens: int = 64
     """Generated tokens per prompt at most (a stop token ends earlier)."""
     exports: tuple[Path, ...] = ()
-    """vLLM exports of ``drafter`` made elsewhere to check; empty = export ``drafter`` now."""
-    dtype: str = "float32"
-    """Engine dtype: float32 for parity with our fp32 figures, bfloat16 for speed."""
+    """Exports of ``drafter`` (in the engine's format) made elsewhere to check; empty = export now."""
+    dtype: str = "auto"
+    """Engine dtype, also of our store and live harness: float32 for exact parity, bfloat16 for speed;
+    auto = float32, except bfloat16 for SGLang on CPU (its only dtype there)."""
+    device: str = "auto"
+    """SGLang's device: cpu (its CPU engine), cuda, or auto (cuda where present). vLLM: its venv's build."""
     threads: int = 1
     """CPU threads of the engine and of our own decoding."""
     live: bool = True
     """Also decode with our live harness."""
     venv: str | None = None
-    """The engine's venv (default ``$OSPREY_VLLM_VENV`` or ``.venv-vllm``)."""
+    """The engine's venv (default ``$OSPREY_VLLM_VENV`` or ``.venv-vllm``, ``$OSPREY_SGLANG_VENV`` or
+    ``.venv-sglang``)."""
     max_model_len: int = 2048
     """Engine context length (prompt + response)."""
     timeout_s: float = 3600.0
@@ -118,6 +132,16 @@ class EngineEvalConfig:
             raise ConfigError(f"eval engine: --max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"eval engine: --dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"eval engine: --device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "auto":
+            self.device = "cuda" if self.engine == "sglang" and torch.cuda.is_available() else "cpu"
+        sglang_cpu = self.engine == "sglang" and self.device == "cpu"
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if sglang_cpu else "float32"
+        if sglang_cpu and self.dtype != "bfloat16":
+            raise ConfigError(f"eval engine: SGLang's CPU engine runs bfloat16 only (its RMSNorm and AMX attention "
+                              f"kernels have no float32), got --dtype {self.dtype}; pass --dtype bfloat16 or auto")
         if self.threads < 1:
             raise ConfigError(f"eval engine: --threads must be >= 1, got {self.threads}")
 
@@ -138,6 +162,42 @@ def engine_env(rig_venv: Path, threads: int) -> dict[str, str]:
     return env
 
 
+def sglang_env(threads: int, arch: str, device: str) -> dict[str, str]:
+    """SGLang's process settings: the CPU engine and its cores, our external class for Osprey drafters.
+
+    ``SGLANG_CPU_OMP_THREADS_BIND`` gives the cores of the engine's one rank (``0-N``); unset,
+    SGLang binds a whole NUMA node. Osprey exports name ``OspreyDrafterForCausalLM``, which SGLang
+    finds through ``SGLANG_EXTERNAL_MODEL_PACKAGE``.
+    """
+    env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    if device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
+    if arch == "osprey":
+        env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "osprey_train.export"
+    return env
+
+
+def sglang_engine_kwargs(device: str, prompts: list[LivePrompt], max_new_tokens: int) -> dict:
+    """``sglang.Engine`` arguments beside the model and the dtype.
+
+    CPU: the AMX attention backend, no overlap scheduler (the rig's README), a KV pool for all
+    prompts at once (with a core binding SGLang cannot size it from a NUMA node's memory). CUDA:
+    triton attention (FlashInfer has no float32), no CUDA graphs, a small memory share. Both: no
+    radix cache, so each request is prefilled whole, as in our runs (a cached prefix would be
+    computed by another kernel call and can round differently).
+    """
+    kwargs: dict = {"disable_radix_cache": True, "log_level": "warning"}
+    if device == "cpu":
+        tokens = sum(len(p.prompt_ids) + max_new_tokens for p in prompts)
+        kwargs.update(device="cpu", attention_backend="intel_amx", disable_overlap_schedule=True,
+                      max_total_tokens=max(4096, 2 * tokens))
+    else:
+        kwargs.update(attention_backend="triton", disable_cuda_graph=True, mem_fraction_static=0.3)
+    return kwargs
+
+
 def _log(config: EngineEvalConfig, text: str) -> None:
     if config.progress:
         print(f"[eval engine] {text}", flush=True)
@@ -148,7 +208,7 @@ def _offline(config: EngineEvalConfig, drafter, prompts: list[LivePrompt]) -> di
     store = config.out / "store"
     taps = tuple(drafter.config.tap_layers.layer_ids)
     build = BuildConfig(target=config.target, inputs=config.inputs, out=str(store), max_new_tokens=config.max_new_tokens,
-                        temperature=0.0, layers=taps, last_turn_only=True, dtype="float32", device="cpu",
+                        temperature=0.0, layers=taps, last_turn_only=True, dtype=config.dtype, device="cpu",
                         progress=config.progress, **{"topk": 8, "batch_size": 4, **config.store_overrides})
     build_store(build)
     reader = StoreReader(str(store))
@@ -177,8 +237,9 @@ def _exports(config: EngineEvalConfig) -> list[Path]:
     if config.exports:
         return list(config.exports)
     out = config.out / "export"
-    _log(config, f"exporting {config.drafter} -> {out} (--format vllm, {config.dtype})")
-    run_export(ExportConfig(drafter=config.drafter, format="vllm", out=out, dtype=config.dtype, overwrite=True))
+    _log(config, f"exporting {config.drafter} -> {out} (--format {config.engine}, {config.dtype})")
+    run_export(ExportConfig(drafter=config.drafter, format=config.engine, out=out, dtype=config.dtype,
+                            overwrite=True))
     return [out]
 
 
@@ -196,7 +257,8 @@ def run(config: EngineEvalConfig) -> EngineReport:
         generation = None
     stops = sorted(stop_token_ids(tokenizer, generation))
     prompts = load_prompts(config.inputs, tokenizer)
-    drafter = load_drafter(config.drafter).eval()
+    # the engine's precision: the offline walk drafts in it (the store's taps are in it too)
+    drafter = resolve_precision(config.dtype, "cpu").prepare(load_drafter(config.drafter).eval())
     exports = _exports(config)
     before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -219,21 +281,24 @@ def run(config: EngineEvalConfig) -> EngineReport:
             raise ConfigError(f"eval engine: prompt {p.sample_id}: the store's prompt ids differ from the rendered "
                               "prompt; remove OUT/store (built from other prompts?) and rerun")
     runs = [{"name": "plain", "speculative": None}]
-    runs += [{"name": f"spec{i}", "speculative": {"model": str(path.resolve()), "method": "eagle3",
-                                                  "num_speculative_tokens": config.steps}}
-             for i, path in enumerate(exports)]
+    runs += [{"name": f"spec{i}", "speculative": _speculative(config, path)} for i, path in enumerate(exports)]
+    if config.engine == "vllm":
+        engine_kwargs, env = {"distributed_executor_backend": "uni"}, engine_env(rig.venv, config.threads)
+    else:
+        engine_kwargs = sglang_engine_kwargs(config.device, prompts, config.max_new_tokens)
+        env = sglang_env(config.threads, drafter.config.arch, config.device)
     request = {"target": str(Path(config.target).resolve()), "dtype": config.dtype, "threads": config.threads,
                "max_model_len": config.max_model_len, "max_tokens": config.max_new_tokens, "stop_token_ids": stops,
                "prompts": [{"id": p.sample_id, "prompt_ids": p.prompt_ids} for p in prompts], "runs": runs,
-               "engine_kwargs": {"distributed_executor_backend": "uni"}}
+               "engine_kwargs": engine_kwargs}
     _log(config, f"{config.engine}: plain + {len(exports)} speculative run(s) in {rig.venv}")
-    result = run_driver(rig, "osprey_train.engines.vllm_driver", request, config.out / "engine",
-                        env=engine_env(rig.venv, config.threads), timeout_s=config.timeout_s,
-                        log=(lambda t: _log(config, t)))
+    result = run_driver(rig, DRIVERS[config.engine], request, config.out / "engine", env=env,
+                        timeout_s=config.timeout_s, log=(lambda t: _log(config, t)))
     plain = result["runs"][0]
     summaries = [_compare_export(config, path, run, plain, offline, live, prompts)
                  for path, run in zip(exports, result["runs"][1:])]
-    report = EngineReport(engine=config.engine, engine_version=result.get("vllm_version", "?"),
+    version = result.get("engine_version") or result.get("vllm_version", "?")
+    report = EngineReport(engine=config.engine, engine_version=version,
                           torch_version=result.get("torch_version", "?"), target=config.target,
                           drafter=str(config.drafter), arch=drafter.config.arch, steps=config.steps,
                           dtype=config.dtype, threads=config.threads, max_new_tokens=config.max_new_tokens,
@@ -241,6 +306,15 @@ def run(config: EngineEvalConfig) -> EngineReport:
                           engine_wall_s=result["wall_s"])
     report.write(config.out)
     return report
+
+
+def _speculative(config: EngineEvalConfig, export: Path) -> dict:
+    """One export's speculative settings, in the engine's own names (greedy chains of S drafts)."""
+    if config.engine == "vllm":
+        return {"model": str(export.resolve()), "method": "eagle3", "num_speculative_tokens": config.steps}
+    return {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(export.resolve()),
+            "speculative_num_steps": config.steps, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": config.steps + 1}
 
 
 def _speed(run: dict) -> dict:
@@ -252,11 +326,16 @@ def _speed(run: dict) -> dict:
             else 0.0}
 
 
-def _compare_export(config: EngineEvalConfig, path: Path, run: dict, plain: dict, offline: dict, live: dict | None,
-                    prompts: list[LivePrompt]) -> ExportSummary:
+def _rows(config: EngineEvalConfig, samples: list[dict], plain: list[dict], offline: dict, live: dict | None,
+          prompts: list[LivePrompt]) -> list[PromptComparison]:
+    """Each prompt's engine counters reconciled with our walk, and its outputs compared.
+
+    ``spec_vs_plain`` is the engine's losslessness (speculative output = its own plain output);
+    ``plain_vs_store`` the engine's plain output against the store's (transformers, our dtype).
+    """
     rows: list[PromptComparison] = []
-    plain_by_id = {s["id"]: s for s in plain["samples"]}
-    for p, sample in zip(prompts, run["samples"]):
+    plain_by_id = {s["id"]: s for s in plain}
+    for p, sample in zip(prompts, samples):
         assert sample["id"] == p.sample_id
         ours = offline[p.sample_id]
         spec_ids, plain_ids = sample["output_ids"], plain_by_id[p.sample_id]["output_ids"]
@@ -267,9 +346,22 @@ def _compare_export(config: EngineEvalConfig, path: Path, run: dict, plain: dict
             identical["live_vs_plain"] = live[p.sample_id].get("output_ids") == plain_ids
         row = reconcile(sample_id=p.sample_id, domain=p.domain, steps=config.steps, tokens=len(spec_ids),
                         engine=sample, walk=ours["walk"], live_accepted=live_acc, identical=identical)
+        notes = [row.why]
+        if not identical["spec_vs_plain"]:
+            notes.append(f"NOT LOSSLESS: speculative output leaves the engine's plain output at token "
+                         f"{first_difference(spec_ids, plain_ids)}")
         if not identical["plain_vs_store"]:
-            at = first_difference(plain_ids, ours["response_ids"])
-            row.why = "; ".join(w for w in (row.why, f"engine output leaves the store's (transformers) at token {at}")
-                                if w)
+            notes.append(f"engine output leaves the store's (transformers) at token "
+                         f"{first_difference(plain_ids, ours['response_ids'])}")
+        row.why = "; ".join(w for w in notes if w)
         rows.append(row)
-    return summarize_export(str(path), rows, _speed(run))
+    return rows
+
+
+def _compare_export(config: EngineEvalConfig, path: Path, run: dict, plain: dict, offline: dict, live: dict | None,
+                    prompts: list[LivePrompt]) -> ExportSummary:
+    rows = _rows(config, run["samples"], plain["samples"], offline, live, prompts)
+    batched = None
+    if "samples" in run["batched"] and "samples" in plain["batched"]:  # per-request counters when batched (SGLang)
+        batched = _rows(config, run["batched"]["samples"], plain["batched"]["samples"], offline, None, prompts)
+    return summarize_export(str(path), rows, _speed(run), engine=config.engine, batched_rows=batched)

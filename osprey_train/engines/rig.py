@@ -1,10 +1,12 @@
 """Finding an engine's virtual environment and running a script inside it.
 
-The venv is made by ``engines/setup_vllm.sh`` (vLLM from PyPI, this package installed into it
-without dependencies). It is looked for in ``--venv``, then ``$OSPREY_VLLM_VENV``, then
-``.venv-vllm`` in the current folder (the repository root, where the setup script puts it). A
-missing venv, or one without vLLM or without this package, is a one-line error saying how to make
-it; an engine run that fails is one line: its last exception line and where the whole log is.
+vLLM's venv is made by ``engines/setup_vllm.sh`` (vLLM from PyPI, this package installed into it
+without dependencies), SGLang's by ``.ci/sglang_venv.sh`` on CPU machines (the SGLang CPU rig of
+``../shared/wheels``; PyPI ``sglang`` plus this package without dependencies on CUDA machines).
+It is looked for in ``--venv``, then ``$OSPREY_VLLM_VENV`` / ``$OSPREY_SGLANG_VENV``, then
+``.venv-vllm`` / ``.venv-sglang`` in the current folder (the repository root, where the scripts
+put them). A missing venv, or one without the engine or without this package, is a one-line error
+saying how to make it; an engine run that fails is one line: its last exception line and where the whole log is.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from osprey_data.errors import BackendUnavailableError
 __all__ = ["ENGINES", "EngineRig", "find_rig", "run_driver"]
 
 ENGINES = {"vllm": {"env": "OSPREY_VLLM_VENV", "default": ".venv-vllm", "setup": "engines/setup_vllm.sh",
-                    "module": "vllm"}}
+                    "module": "vllm", "probe_env": {}},
+           # SGLang's CPU build reads SGLANG_USE_CPU_ENGINE when imported
+           "sglang": {"env": "OSPREY_SGLANG_VENV", "default": ".venv-sglang",
+                      "setup": ".ci/sglang_venv.sh (CPU) or `pip install sglang` + `pip install --no-deps -e .` (CUDA)",
+                      "module": "sglang", "probe_env": {"SGLANG_USE_CPU_ENGINE": "1"}}}
 _LOG_TAIL = 200   # log lines searched for the exception
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
 
@@ -50,7 +56,7 @@ def find_rig(engine: str, venv: str | os.PathLike | None = None) -> EngineRig:
     if not python.is_file():
         raise BackendUnavailableError(f"{engine} engine venv {path} not found (no {python}); {how}")
     probe = subprocess.run([str(python), "-c", f"import {spec['module']}, osprey_train.engines"],
-                           capture_output=True, text=True, env=_clean_env())
+                           capture_output=True, text=True, env=_clean_env(spec["probe_env"]))
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         raise BackendUnavailableError(f"{engine} engine venv {path} cannot import {spec['module']} and "
