@@ -46,6 +46,7 @@ from osprey_data.conversation import iter_inputs, stop_token_ids
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, resolve_precision
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.engines.compare import PromptComparison, first_difference, reconcile
 from osprey_train.engines.engine_report import EngineReport, ExportSummary, summarize_export
 from osprey_train.engines.rig import ENGINES, find_rig, run_driver
@@ -162,20 +163,21 @@ def engine_env(rig_venv: Path, threads: int) -> dict[str, str]:
     return env
 
 
-def sglang_env(threads: int, arch: str, device: str) -> dict[str, str]:
-    """SGLang's process settings: the CPU engine and its cores, our external class for Osprey drafters.
+def sglang_env(threads: int, arch: str | None, device: str) -> dict[str, str]:
+    """SGLang's process settings: the CPU engine and its cores, and what serving the drafter ``arch``
+    needs (its registry entry's ``serving_env``: for Osprey, ``SGLANG_EXTERNAL_MODEL_PACKAGE``, where
+    SGLang finds our external class).
 
     ``SGLANG_CPU_OMP_THREADS_BIND`` gives the cores of the engine's one rank (``0-N``); unset,
-    SGLang binds a whole NUMA node. Osprey exports name ``OspreyDrafterForCausalLM``, which SGLang
-    finds through ``SGLANG_EXTERNAL_MODEL_PACKAGE``.
+    SGLang binds a whole NUMA node.
     """
     env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     if device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["SGLANG_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
-    if arch == "osprey":
-        env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "osprey_train.export"
+    if arch is not None:
+        env.update(drafter_spec(arch).serving_env)
     return env
 
 
@@ -245,7 +247,9 @@ def _exports(config: EngineEvalConfig) -> list[Path]:
 
 def run(config: EngineEvalConfig) -> EngineReport:
     """Export, offline walk, live decoding, the engine's runs, and the report (written to ``out``)."""
-    rig = find_rig(config.engine, config.venv)  # a missing venv fails before any work
+    # a missing venv fails before any work (SGLang probed with the run's settings: CPU engine or not)
+    probe = sglang_env(config.threads, None, config.device) if config.engine == "sglang" else None
+    rig = find_rig(config.engine, config.venv, env=probe)
     config.out.mkdir(parents=True, exist_ok=True)
     list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
     from transformers import AutoTokenizer, GenerationConfig

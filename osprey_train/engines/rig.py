@@ -43,8 +43,9 @@ class EngineRig:
     python: Path
 
 
-def find_rig(engine: str, venv: str | os.PathLike | None = None) -> EngineRig:
-    """The engine's venv (checked to import the engine and this package), or BackendUnavailableError."""
+def find_rig(engine: str, venv: str | os.PathLike | None = None, *, env: dict[str, str] | None = None) -> EngineRig:
+    """The engine's venv (checked to import the engine and this package, with ``env`` set: the run's
+    settings; default the engine's import settings), or BackendUnavailableError."""
     if engine not in ENGINES:
         raise BackendUnavailableError(f"engine {engine!r}: known engines are {sorted(ENGINES)}")
     spec = ENGINES[engine]
@@ -56,7 +57,7 @@ def find_rig(engine: str, venv: str | os.PathLike | None = None) -> EngineRig:
     if not python.is_file():
         raise BackendUnavailableError(f"{engine} engine venv {path} not found (no {python}); {how}")
     probe = subprocess.run([str(python), "-c", f"import {spec['module']}, osprey_train.engines"],
-                           capture_output=True, text=True, env=_clean_env(spec["probe_env"]))
+                           capture_output=True, text=True, env=_clean_env(spec["probe_env"] if env is None else env))
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         raise BackendUnavailableError(f"{engine} engine venv {path} cannot import {spec['module']} and "

@@ -23,9 +23,10 @@ matching the target before the output is cut at ``max_new_tokens`` or a stop tok
 verify does not look at either), so the last round of a request can count drafts past its end;
 :mod:`osprey_train.engines.compare` reconciles that.
 
-With ``skip_tokenizer_init`` SGLang returns ``output_ids`` without the matched stop token while
-``completion_tokens`` counts it; the driver puts it back (``finish_reason.matched``), so the ids
-are those vLLM and the store keep.
+With ``skip_tokenizer_init`` the ``output_ids`` run through the matched stop token at this
+snapshot (the detokenizer, which trims it, is bypassed), as vLLM's and the store's ids do; the
+driver asks for ``no_stop_trim`` too and puts the token back (``finish_reason.matched``) should a
+version trim it while ``completion_tokens`` counts it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _sample(prompt_id: str, out: dict, seconds: float, steps: int) -> dict:
     reason = meta.get("finish_reason") or {}
     matched = reason.get("matched") if isinstance(reason, dict) else None
     if isinstance(matched, int) and int(meta.get("completion_tokens", len(ids))) == len(ids) + 1:
-        ids.append(matched)  # the stop token, which SGLang trims from output_ids but counts
+        ids.append(matched)  # a stop token trimmed from output_ids but counted
     return {"id": prompt_id, "output_ids": ids, "seconds": seconds, "completion_tokens": meta.get("completion_tokens"),
             "finish_reason": reason.get("type") if isinstance(reason, dict) else reason,
             **(per_request_counters(meta, steps) if steps else {})}

@@ -30,12 +30,19 @@ draft tokens), float32 (``triton`` attention: FlashInfer has no float32).
 
 Exact in float32 up to near-ties (two logits within float32 rounding, from different kernels);
 a mismatch names the prompt and the first differing token.
+
+Then the same through the command, ``osprey eval engine --engine sglang --device cuda --dtype
+float32`` (:func:`osprey_train.engines.engine_eval.run`, with this interpreter's environment as
+the engine's venv): its own store, walk and live harness, one driver process decoding plain and
+speculative, single-stream and batched; the report must say lossless and agree per prompt with
+offline and live, exactly, as the vLLM engine test asserts on CPU.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +53,8 @@ from osprey_data.builder.runner import run as build_store
 from osprey_data.conversation import stop_token_ids
 from osprey_data.store import StoreReader
 from osprey_train.engines.compare import first_difference, reconcile
+from osprey_train.engines.engine_eval import EngineEvalConfig
+from osprey_train.engines.engine_eval import run as engine_eval
 from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round
 from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.live_prompts import load_prompts
@@ -168,3 +177,25 @@ def test_sglang_decoding_is_lossless_and_accepts_what_we_measure_offline(setup, 
     assert not problems, json.dumps(problems, indent=1)
     if arch == "osprey":  # the target's own layers draft: acceptance must be far from zero to check much
         assert accepted > 0
+
+
+@pytest.mark.parametrize("arch", ["osprey", "eagle3"])
+def test_eval_engine_sglang_on_cuda_is_lossless_and_equals_offline_and_live_per_prompt(setup, arch):
+    pytest.importorskip("sglang")
+    out = setup["work"] / f"{arch}-engine"
+    report = engine_eval(EngineEvalConfig(engine="sglang", device="cuda", dtype="float32",
+                                          drafter=setup["drafters"][arch], target=str(setup["target"]),
+                                          inputs=(str(setup["inputs"]),), out=out, steps=STEPS,
+                                          max_new_tokens=NEW_TOKENS, venv=sys.prefix, max_model_len=512,
+                                          progress=False, store_overrides={"topk": 8, "batch_size": 4}))
+    (e,) = report.exports
+    n = report.num_prompts
+    assert report.agrees and e.lossless, (out / "report.md").read_text()
+    assert e.identical == {"spec_vs_plain": n, "plain_vs_store": n, "live_vs_plain": n}
+    assert e.prompts_comparable == n == e.comparable_agreeing == e.counters_consistent
+    assert e.engine_reconciled == e.offline_per_pos == e.live_per_pos
+    assert e.engine_rounds == e.offline_rounds == e.live_rounds
+    # batched: SGLang's per-request counters there too (a batch may round otherwise: consistency only)
+    assert e.batched is not None and e.batched["counters_consistent"] == n
+    if arch == "osprey":
+        assert e.offline_per_pos[0] > 0, "nothing accepted: the comparison would check little"
