@@ -185,8 +185,8 @@ class EngineReport:
         if not e.lossless:
             lines += [f"The engine's speculative decoding changed the greedy output: it verified a continuation that "
                       f"is not the target's, so its acceptance counts below check nothing (not a figure of this "
-                      f"drafter). The counters were still read: {e.counters_consistent}/{n} prompts' add up to "
-                      f"the engine's output lengths.", ""]
+                      f"drafter). The counters were still read: those of {e.counters_consistent}/{n} prompts add "
+                      f"up to the engine's output lengths.", ""]
         lines += [f"Comparable prompts (outputs identical everywhere): {e.prompts_comparable}/{n}; of those, "
                   f"{e.comparable_agreeing} agree with ours exactly per position. Engine counters consistent with "
                   f"its output lengths: {e.counters_consistent}/{n}.", ""]
