@@ -129,3 +129,18 @@ def test_missing_sglang_venv_is_one_clear_error(tmp_path, monkeypatch):
                                    str(paths["drafter"]), "--target", paths["target"], "--input", paths["inputs"][0],
                                    "--out", str(paths["out"]), "--venv", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "sglang engine venv" in res.output and "sglang_venv.sh" in res.output
+
+
+def test_the_invariant_holds_on_every_committed_vllm_measurement():
+    """vLLM's per-request counters of docs/results/engines (40 requests of SmolLM2): the rule, which
+    now takes part in every engine's verdict, holds on real engine figures, overcount included."""
+    import json
+    from pathlib import Path
+
+    reports = sorted((Path(__file__).resolve().parents[3] / "docs" / "results" / "engines").glob("*/report.json"))
+    assert reports
+    for path in reports:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        for p in (p for e in doc["exports"] for p in e["prompts"]):
+            assert counters_consistent(p["tokens"], p["engine_rounds"], sum(p["engine_per_pos"]), doc["steps"]), \
+                (path, p["id"])
