@@ -6,6 +6,9 @@ The engine itself runs in test_sglang_engine.py (``sglang_cpu``) and test_sglang
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -134,9 +137,6 @@ def test_missing_sglang_venv_is_one_clear_error(tmp_path, monkeypatch):
 def test_the_invariant_holds_on_every_committed_vllm_measurement():
     """vLLM's per-request counters of docs/results/engines (40 requests of SmolLM2): the rule, which
     now takes part in every engine's verdict, holds on real engine figures, overcount included."""
-    import json
-    from pathlib import Path
-
     reports = sorted((Path(__file__).resolve().parents[3] / "docs" / "results" / "engines").glob("*/report.json"))
     assert reports
     for path in reports:
