@@ -366,8 +366,10 @@ def run(cfg: ReportConfig) -> ReportResult:
     plan = build_plan(study, lookup=lambda key: read_record(cfg.out, key))
     per_target = {t.name: _write_report(study.for_target(t.name), cfg.out, folder / t.name, plan=plan.targets[t.name])
                   for t in study.targets}
-    results = {"format": "osprey-study-results", "format_version": 1, "targets":
-               {name: r.results for name, r in per_target.items()}}
+    missing = [n.label for n in plan.nodes if n.pending or read_record(cfg.out, n) is None]
+    results = {"format": "osprey-study-results", "format_version": 1,
+               "progress": {"stages": len(plan.nodes), "done": len(plan.nodes) - len(missing), "missing": missing},
+               "targets": {name: r.results for name, r in per_target.items()}}
     files = [write_json(folder / "results.json", results, default=str),
              write_text(folder / "README.md", render_targets_readme(study, per_target))]
     return ReportResult(dir=folder, files=files + [f for r in per_target.values() for f in r.files], results=results)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from click.testing import CliRunner
 
+from osprey_cli.main import cli
 from osprey_data.errors import ConfigError
 from osprey_train.study.config import load_study
 from osprey_train.study.plan import build_plan
@@ -87,6 +89,11 @@ def test_one_report_per_target_and_a_summary(finished, tmp_path):
         assert res.results["targets"][name]["progress"]["missing"] == []
     summary = (tmp_path / "report" / "README.md").read_text()
     assert "| claim | paper | llama | qwen |" in summary and "[qwen/README.md](qwen/README.md)" in summary
+    assert res.results["progress"] == {"stages": len(build_plan(cfg).nodes), "done": len(build_plan(cfg).nodes),
+                                       "missing": []}
+    cli_res = CliRunner().invoke(cli, ["study", "report", str(cfg.path), "--out", str(out), "--dir",
+                                       str(tmp_path / "r2")])
+    assert cli_res.exit_code == 0 and "report of" in cli_res.output, cli_res.output
     rerun = run(StudyRunConfig(study=cfg, out=out, progress=False))
     assert rerun.ran == [] and read_record(out, rerun.plan.nodes[0]) is not None
 
