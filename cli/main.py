@@ -55,6 +55,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "": {
         "export": "osprey_cli.export_cmd:export",
         "demo": "osprey_cli.demo_cmd:demo",
+        "fetch-model": "osprey_cli.fetch_cmd:fetch_model",
     },
 }
 

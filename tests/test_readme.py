@@ -73,7 +73,7 @@ def _readme_invocations() -> list[tuple[list[str], str]]:
     for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
-            m = re.search(r"\bosprey ((?:data|train|eval|study) [\w-]+|export|demo)\b(.*)", line)
+            m = re.search(r"\bosprey ((?:data|train|eval|study) [\w-]+|export|demo|fetch-model)(?![\w-])(.*)", line)
             if m:
                 out.append((m.group(1).split(), m.group(2)))
     return out

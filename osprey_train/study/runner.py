@@ -333,7 +333,7 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
             node = todo.pop(0)
             if node.pending:
                 plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
-                node = plan.live if plan.live is not None else node
+                node = plan.live_of(node) or node
                 if node.pending:
                     raise AssertionError(f"{node.label}: still undefined ({node.pending}) after its inputs ran")
                 if (stage_dir(out, node) / STAGE_RECORD).is_file():

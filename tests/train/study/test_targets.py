@@ -1,0 +1,153 @@
+"""A study of several ``[[targets]]`` (#23): one source backbone pruned and pretrained once, converted
+and distilled for each target (another architecture and tokenizer too), one report per target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from osprey_cli.main import cli
+from osprey_data.errors import ConfigError
+from osprey_train.study.config import load_study
+from osprey_train.study.plan import build_plan
+from osprey_train.study.report import ReportConfig
+from osprey_train.study.report import run as report
+from osprey_train.study.runner import StudyRunConfig, read_record, run, stage_dir
+from osprey_train.study.status import status
+from tests.helpers.tiny import make_tiny_qwen3, make_tiny_tokenizer
+from tests.helpers.tiny_study import write_tiny_study
+
+
+def _two_target_study(folder, source_dir, other_dir):
+    path = write_tiny_study(folder, source_dir)
+    text = path.read_text()
+    text = text.replace(f'[target]\nmodel = "{source_dir}"\n',
+                        f'[source]\nmodel = "{source_dir}"\n\n'
+                        f'[[targets]]\nname = "llama"\nmodel = "{source_dir}"\n\n'
+                        f'[[targets]]\nname = "qwen"\nmodel = "{other_dir}"\ntaps = [1, 3, 4]\n')
+    text = text.replace('seeds = [0, 1]', 'seeds = [0]')
+    text = text.replace('[[arms]]\nname = "osprey-kd"\narch = "osprey"\nstage2 = "kd"\n', '')
+    text = text.replace('osprey_kd = "osprey-kd"\n', '')
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_target(tmp_path_factory):
+    """A Qwen3 with a tokenizer of its own: another family and vocabulary than the source."""
+    tmp = tmp_path_factory.mktemp("qwen")
+    tok = make_tiny_tokenizer(tmp / "tok", vocab_size=320)
+    return make_tiny_qwen3(tmp / "model", tok)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_llama_dir, other_target):
+    tmp = tmp_path_factory.mktemp("targets")
+    cfg = load_study(_two_target_study(tmp / "spec", tiny_llama_dir, other_target))
+    result = run(StudyRunConfig(study=cfg, out=tmp / "out", progress=False))
+    return cfg, tmp / "out", result
+
+
+def test_the_backbone_is_planned_once_and_every_target_gets_its_own_stages(finished):
+    cfg, out, result = finished
+    plan = result.plan
+    kinds = [n.kind for n in plan.nodes]
+    assert kinds.count("prune") == 1 and kinds.count("pretrain") == 1 and kinds.count("corpus") == 1
+    for kind in ("prune", "pretrain", "corpus"):
+        (node,) = [n for n in plan.nodes if n.kind == kind]
+        assert node.target is None and ":" not in node.label      # shared, listed once
+    assert kinds.count("store") == 2 * 4 and kinds.count("distill") == 2 * 2 * 2 and kinds.count("live") == 2
+    for name in ("llama", "qwen"):
+        own = [n for n in plan.nodes if n.target == name]
+        assert own and all(n.label.startswith(f"{name}: ") for n in own)
+        assert {n.kind for n in plan.targets[name].nodes} >= {"prune", "pretrain", "store", "convert", "distill"}
+    # each target's Osprey drafter is converted from the same pretrained backbone
+    backbones = {n.deps["backbone"].key for n in plan.nodes if n.kind == "convert" and "backbone" in n.deps}
+    assert backbones == {next(n.key for n in plan.nodes if n.kind == "pretrain")}
+    # the qwen target's stores tap its own layers, and its drafters speak its vocabulary
+    qwen_store = next(n for n in plan.nodes if n.kind == "store" and n.target == "qwen")
+    header = json.loads((stage_dir(out, qwen_store) / "store" / "manifest.json").read_text())
+    assert json.dumps(header).count("[1, 3, 4]") >= 1
+    qwen_drafter = next(n for n in plan.targets["qwen"].drafters.values())
+    config = json.loads((stage_dir(out, qwen_drafter) / "run" / "final" / "config.json").read_text())
+    assert config["vocab_size"] == 320 or config.get("target_vocab_size") == 320, config
+    assert len(result.ran) == len(plan.nodes)
+    live = [read_record(out, n)["result"] for n in plan.nodes if n.kind == "live"]
+    assert [r["greedy_identical"] for r in live] == [r["num_prompts"] for r in live] == [2, 2]
+    st = status(cfg, out)
+    assert st.done == st.total == len(plan.nodes)
+
+
+def test_one_report_per_target_and_a_summary(finished, tmp_path):
+    cfg, out, _ = finished
+    res = report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "report"))
+    assert set(res.results["targets"]) == {"llama", "qwen"}
+    for name in ("llama", "qwen"):
+        assert (tmp_path / "report" / name / "README.md").is_file()
+        assert res.results["targets"][name]["progress"]["missing"] == []
+    summary = (tmp_path / "report" / "README.md").read_text()
+    assert "| claim | paper | llama | qwen |" in summary and "[qwen/README.md](qwen/README.md)" in summary
+    assert res.results["progress"] == {"stages": len(build_plan(cfg).nodes), "done": len(build_plan(cfg).nodes),
+                                       "missing": []}
+    cli_res = CliRunner().invoke(cli, ["study", "report", str(cfg.path), "--out", str(out), "--dir",
+                                       str(tmp_path / "r2")])
+    assert cli_res.exit_code == 0 and "report of" in cli_res.output, cli_res.output
+    rerun = run(StudyRunConfig(study=cfg, out=out, progress=False))
+    assert rerun.ran == [] and read_record(out, rerun.plan.nodes[0]) is not None
+
+
+def test_several_targets_need_a_source_and_distinct_names(tmp_path, tiny_llama_dir):
+    path = _two_target_study(tmp_path / "a", tiny_llama_dir, tiny_llama_dir)
+    text = path.read_text()
+    path.write_text(text.replace('name = "qwen"', 'name = "llama"'))
+    with pytest.raises(ConfigError, match=r"\[\[targets\]\] names repeat"):
+        load_study(path)
+    path.write_text(text.replace(f'[source]\nmodel = "{tiny_llama_dir}"\n', '[source]\nmodel = "target"\n'))
+    with pytest.raises(ConfigError, match=r"\[source\]: a study of several \[\[targets\]\] needs its own"):
+        load_study(path)
+    path.write_text(text.replace("[[targets]]", "[target]\nmodel = 'x'\n\n[[targets]]", 1))
+    with pytest.raises(ConfigError, match=r"give one \[target\] section or \[\[targets\]\] entries, not both"):
+        load_study(path)
+    cfg = load_study(_two_target_study(tmp_path / "c", tiny_llama_dir, tiny_llama_dir))
+    assert cfg.for_target("qwen").stores.taps == (1, 3, 4) and cfg.for_target("llama").stores.taps is None
+    assert len(build_plan(cfg).targets) == 2
+
+
+@pytest.mark.gpu
+def test_a_study_of_two_targets_runs_on_cuda(tmp_path, tiny_llama_dir, other_target):
+    path = _two_target_study(tmp_path / "spec", tiny_llama_dir, other_target)
+    path.write_text(path.read_text().replace("threads = 1\n", 'threads = 1\ndevice = "cuda"\n', 1))
+    cfg = load_study(path)
+    result = run(StudyRunConfig(study=cfg, out=tmp_path / "out", progress=False))
+    assert len(result.ran) == len(result.plan.nodes)
+    live = [read_record(tmp_path / "out", n)["result"] for n in result.plan.nodes if n.kind == "live"]
+    assert len(live) == 2 and all(r["greedy_identical"] == r["num_prompts"] for r in live), live
+
+
+@pytest.mark.parametrize("name", ["cross-target-cpu", "cross-target-gpu"])
+def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp_path, name):
+    """The shipped files parse and plan (their data paths pointed at tiny copies; nothing is fetched)."""
+    from pathlib import Path
+
+    from tests.helpers.tiny_study import TINY_STUDY_DOMAINS, _write_prompts
+
+    data = tmp_path / "shared" / "data"
+    (data / "prompts").mkdir(parents=True)
+    (data / "corpus").mkdir()
+    (data / "corpus" / "brown.jsonl").write_text('{"text": "some generic text"}\n')
+    for domain in ("chat", "code", "math"):
+        for split in ("train", "eval"):
+            _write_prompts(data / "prompts" / f"{domain}.{split}.jsonl", domain, TINY_STUDY_DOMAINS["chat"])
+    src = Path(__file__).resolve().parents[3] / "studies" / f"{name}.toml"
+    spec = tmp_path / "studies" / src.name
+    spec.parent.mkdir()
+    spec.write_text(src.read_text().replace("../../shared/data/", f"{data}/"))
+    cfg = load_study(spec)
+    assert [t.name for t in cfg.targets] == ["smollm2", "qwen-coder"]
+    plan = build_plan(cfg)
+    kinds = [n.kind for n in plan.nodes]
+    assert kinds.count("prune") == 1 and kinds.count("pretrain") == 1
+    assert {n.target for n in plan.nodes if n.kind == "convert"} == {"smollm2", "qwen-coder"}
+    assert cfg.for_target("qwen-coder").stores.taps == (2, 12, 21)
