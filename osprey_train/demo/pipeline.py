@@ -118,7 +118,8 @@ def run(cfg: DemoConfig) -> DemoResult:
         print(busy, flush=True)
     study = demo_study(cfg)
     work = cfg.out / "work"
-    done = run_study(StudyRunConfig(study=study, out=work, cache=cfg.cache, progress=cfg.progress, prefix="demo"))
+    done = run_study(StudyRunConfig(study=study, out=work, cache=cfg.cache, progress=cfg.progress, prefix="demo",
+                                    eta_rates="demo"))
     plan = done.plan
     key = (ARM, cfg.seed, DOMAIN)
 
