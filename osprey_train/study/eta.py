@@ -87,6 +87,8 @@ class Estimate:
     """True when every kind left has a rate measured in this run (no a-priori rate in the figure)."""
     basis: str
     """A few words: from this run's stages, scaled from them, or a rough a-priori estimate (and why)."""
+    source: str = "measured"
+    """'measured', 'scaled' (some kinds at a-priori rates x this machine's speed) or 'a-priori'."""
 
     def label(self) -> str:
         """``3h05m``, or ``~3h05m`` when any part of it is not this run's own measurement."""
@@ -138,7 +140,8 @@ def estimate(todo: list[tuple[str, float, float]], finished: list[StageTiming], 
         if load > max(cores, 1.5 * mean):   # busier now than while the rates were measured
             basis += (f" (measured at load ~{mean:.1f}; load now {load:.1f} on {cores} cores: expect it to take "
                       "longer)")
-    return Estimate(seconds=seconds, measured=not guessed and not scaled, basis=basis)
+    source = "a-priori" if guessed else "scaled" if scaled else "measured"
+    return Estimate(seconds=seconds, measured=source == "measured", basis=basis, source=source)
 
 
 def work_fraction(folder: Path, node: Any) -> float:

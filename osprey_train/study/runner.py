@@ -302,8 +302,8 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
             index += 1
             eta = study_estimate(out, plan, [node, *todo], read_record, a_priori=cfg.eta_rates)
             if cfg.progress:
-                if eta.basis.split(";")[0] != basis_said:   # say what the ETA rests on when that changes
-                    basis_said = eta.basis.split(";")[0]
+                if eta.source != basis_said:   # say what the ETA rests on when that changes
+                    basis_said = eta.source
                     say(f"    ETA: {eta.basis}")
                 say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
                     f"ETA {eta.label()}] {node.label}")

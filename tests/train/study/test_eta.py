@@ -16,7 +16,7 @@ from osprey_train.study.plan import build_plan
 def test_nothing_measured_is_a_rough_a_priori_estimate_that_says_its_basis_and_the_load():
     est = estimate([("store", 1000.0, 0.0), ("distill", 200.0, 0.0)], [], load=0.5, cores=2)
     assert est.seconds == pytest.approx(1000 * A_PRIORI_RATES["store"] + 200 * A_PRIORI_RATES["distill"])
-    assert not est.measured and est.label().startswith("~")
+    assert not est.measured and est.source == "a-priori" and est.label().startswith("~")
     assert "rough a-priori estimate" in est.basis and "smollm2-cpu" in est.basis and "load now 0.5 on 2" in est.basis
     assert "busy" not in est.basis
     busy = estimate([("store", 1000.0, 0.0)], [], load=9.0, cores=2)
@@ -27,7 +27,8 @@ def test_measured_kinds_use_this_runs_rate_scaled_by_the_work_left():
     finished = [StageTiming("distill", 100.0, 300.0), StageTiming("distill", 50.0, 150.0)]   # 3 s per unit
     est = estimate([("distill", 40.0, 0.0), ("distill", 40.0, 0.75)], finished, load=1.0, cores=2)
     assert est.seconds == pytest.approx(40 * 3 + 10 * 3)   # the resumed one: a quarter of its work left
-    assert est.measured and est.label() == "2m30s" and est.basis == "from this run's finished stages"
+    assert est.measured and est.source == "measured" and est.label() == "2m30s"
+    assert est.basis == "from this run's finished stages"
 
 
 def test_unmeasured_kinds_are_scaled_by_the_machines_measured_speed():
@@ -36,7 +37,8 @@ def test_unmeasured_kinds_are_scaled_by_the_machines_measured_speed():
     finished = [StageTiming("store", 1000.0, 4 * 1000 * A_PRIORI_RATES["store"]), StageTiming("model", 1.0, 0.01)]
     est = estimate([("distill", 100.0, 0.0), ("store", 10.0, 0.0)], finished, load=1.0, cores=2)
     assert est.seconds == pytest.approx(100 * A_PRIORI_RATES["distill"] * 4 + 10 * A_PRIORI_RATES["store"] * 4)
-    assert not est.measured and "a-priori rates x4.00" in est.basis and "distill not measured yet" in est.basis
+    assert est.source == "scaled" and not est.measured and est.label().startswith("~")
+    assert "a-priori rates x4.00" in est.basis and "distill not measured yet" in est.basis
     only_model = estimate([("distill", 100.0, 0.0)], [StageTiming("model", 1.0, 0.01)], load=1.0, cores=2)
     assert only_model.seconds == pytest.approx(100 * A_PRIORI_RATES["distill"])   # no compute measured: a priori
     assert "rough a-priori" in only_model.basis
