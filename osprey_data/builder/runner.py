@@ -484,9 +484,11 @@ def _build(config: BuildConfig, backend: TargetBackend, inputs: InputIndex, verd
             return f"input_error: {exc}"
 
         summary.already_done = sum(sid in committed for sid in inputs.ids)
-        # Samples an earlier run already reported to the errors file count as handled too.
+        # Samples an earlier run skipped while building them count as handled too (a line once
+        # malformed that parses now was fixed: it is built)
+        built_skips = tuple(r for r in SKIP_REASONS if r != "input_error")
         skipped_before = {sid for k, sid in enumerate(inputs.ids)
-                          if sid not in committed and writer.is_skipped(*inputs.where(k))}
+                          if sid not in committed and writer.is_skipped(*inputs.where(k), codes=built_skips)}
         summary.already_skipped = len(skipped_before)
         done = committed | skipped_before
         todo = {sid for sid in inputs.ids if sid not in done}

@@ -13,8 +13,10 @@ re-read and schema-checked for minutes. The journal now keeps (schema
   (which no run can hold);
 - ``num_errors``: how many records were skipped in all.
 
-Resuming keys on (file, line): a line already in a run is not recorded (or built) again. A journal
-written before (``errors`` only, no ``skipped``) is read as such: its entries become runs.
+Resuming keys on (file, line, code): a line already in a run of that code is not recorded again,
+and a sample skipped while building (``too_long``, ``non_finite``) is not built again; a line
+recorded as ``input_error`` that now parses (the file was fixed) is built. A journal written
+before (``errors`` only, no ``skipped``) is read as such: its entries become runs.
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ class SkipLog:
 
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], _Runs] = {}
-        self._files: dict[str, list[_Runs]] = {}   # file -> its runs of every code (membership)
         self._messages: list[dict] = []
         self._per_code: dict[str, int] = {}
         self._unplaced: set[tuple] = set()
@@ -83,14 +84,16 @@ class SkipLog:
     def __len__(self) -> int:
         return self.total
 
-    def holds(self, file: str | None, line: int | None) -> bool:
-        """Whether the record at ``file:line`` is already recorded as skipped."""
+    def holds(self, file: str | None, line: int | None, codes: tuple[str, ...] | None = None) -> bool:
+        """Whether the record at ``file:line`` is recorded as skipped (for one of ``codes``, or any)."""
         if file is None or line is None:
             return False
-        return any(line in runs for runs in self._files.get(file, ()))
+        return any(line in runs for (f, code), runs in self._runs.items()
+                   if f == file and (codes is None or code in codes))
 
     def add(self, *, sample_id: str | None, file: str | None, line: int | None, reason: str) -> bool:
-        """Record one skipped record; False (and nothing recorded) when its line already is."""
+        """Record one skipped record; False (and nothing recorded) when its line already is, with
+        the same reason code."""
         reason = str(reason)
         entry = {"sample_id": sample_id, "file": file, "line": line, "reason": reason}
         code = reason_code(reason)
@@ -101,12 +104,11 @@ class SkipLog:
             self._unplaced.add(key)
             self._messages.append(entry)
         else:
-            if self.holds(file, line):
-                return False
             runs = self._runs.get((file, code))
             if runs is None:
                 runs = self._runs[file, code] = _Runs()
-                self._files.setdefault(file, []).append(runs)
+            elif line in runs:   # a resumed run meets the same record, skipped for the same reason
+                return False
             runs.add(int(line))
             if self._per_code.get(code, 0) < MESSAGES_PER_CODE:
                 self._messages.append(entry)
@@ -144,7 +146,6 @@ class SkipLog:
             for item in doc["skipped"]:
                 file, code = item["file"], item["code"]
                 runs = log._runs.setdefault((file, code), _Runs())
-                log._files.setdefault(file, []).append(runs)
                 last = None
                 for first, end in item["runs"]:
                     if not (isinstance(first, int) and isinstance(end, int) and first <= end

@@ -173,10 +173,11 @@ class StoreWriter:
         with self._lock:
             return len(self._skips)
 
-    def is_skipped(self, file: str | None, line: int | None) -> bool:
-        """Whether the input record at ``file:line`` is already recorded as skipped (resume)."""
+    def is_skipped(self, file: str | None, line: int | None, codes: tuple[str, ...] | None = None) -> bool:
+        """Whether the input record at ``file:line`` is already recorded as skipped (for one of
+        ``codes``, or any): resume."""
         with self._lock:
-            return self._skips.holds(file, line)
+            return self._skips.holds(file, line, codes)
 
     def add(self, record: SampleRecord) -> None:
         """Queue one sample; blocks while the background writer is ``QUEUE_RECORDS`` behind."""
