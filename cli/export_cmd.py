@@ -17,8 +17,9 @@ __all__ = ["export"]
               help="sglang: LlamaForCausalLMEagle3 / Osprey external class; vllm: speculators eagle3; "
                    "hf: Osprey's documented checkpoint.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output folder.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
-              show_default=True, help="Weights dtype of the export.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="bfloat16",
+              show_default=True, help="Floating weights' dtype: bfloat16 is what the engines serve (half the "
+                                      "bytes); float32 for exact parity with Osprey's fp32 figures. d2t stays int64.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--sweep", type=click.Path(path_type=Path), default=None,
               help="sweep.json of `osprey eval sweep --cost ...`: its best shape becomes the recommended "
@@ -37,7 +38,7 @@ def export(drafter: Path, fmt: str, out: Path, dtype: str, overwrite: bool, swee
 
     result = run(ExportConfig(drafter=drafter, format=fmt, out=out, dtype=dtype, overwrite=overwrite, sweep=sweep,
                               threads=threads))
-    click.echo(f"exported {result.arch} drafter as {result.format} to {result.out}")
+    click.echo(f"exported {result.arch} drafter as {result.format} ({result.dtype} weights) to {result.out}")
     if result.serving is not None:
         shape = result.serving.shape
         click.echo(f"serving flags ({result.serving.label}): "

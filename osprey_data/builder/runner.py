@@ -44,10 +44,10 @@ from osprey_data.builder.backends import BACKENDS, GenerationRequest, SamplingPa
 from osprey_data.builder.config import BuildConfig
 from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
 from osprey_data.builder.features import make_record, non_finite_reason
+from osprey_data.builder.input_index import InputIndex, index_inputs, stream_batches
 from osprey_data.builder.output import check_output, replace_output
-from osprey_data.builder.partition import belongs_to
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
-from osprey_data.conversation import (ChatRenderer, InputSample, RenderedSample, iter_inputs, read_chat_template,
+from osprey_data.conversation import (ChatRenderer, InputSample, RenderedSample, read_chat_template,
                                       use_chat_template)
 from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMismatchError, ModelError,
                                 StoreNotFoundError)
@@ -232,31 +232,6 @@ def _check_existing_store(config: BuildConfig, header: Any) -> None:
         if getattr(old, name) != getattr(header, name) and not any(name in d for d in diffs):
             diffs.append(f"{name} differs (store: {getattr(old, name)!r}, this run: {getattr(header, name)!r})")
     _refuse_mismatch(config, diffs)
-
-
-# --- inputs ---------------------------------------------------------------------------------
-
-
-def _read_inputs(config: BuildConfig) -> tuple[list[InputSample], list[dict]]:
-    """This worker's samples (limit applied before the partition) and its input errors."""
-    errors: list[dict] = []
-
-    def sink(sample_id: str | None, file: str | None, line: int | None, reason: str) -> None:
-        if belongs_to(f"{file}:{line}", config.worker_index, config.num_workers):
-            errors.append({"sample_id": sample_id, "file": file, "line": line,
-                           "reason": f"input_error: {reason}"})
-
-    samples: list[InputSample] = []
-    for sample in iter_inputs(config.inputs, on_error=config.on_error, error_sink=sink):
-        if config.limit is not None and len(samples) >= config.limit:
-            break
-        samples.append(sample)
-    mine = [s for s in samples if belongs_to(s.sample_id, config.worker_index, config.num_workers)]
-    return mine, errors
-
-
-def _error_key(e: dict) -> tuple:
-    return (e.get("sample_id"), e.get("file"), e.get("line"), e.get("reason"))
 
 
 # --- one batch ------------------------------------------------------------------------------
@@ -456,7 +431,7 @@ def run(config: BuildConfig) -> BuildSummary:
         Interrupted: SIGINT/SIGTERM arrived; every finished sample was committed first.
     """
     t0 = time.perf_counter()
-    samples, input_errors = _read_inputs(config)
+    inputs = index_inputs(config)   # every record checked; this worker's kept compactly
     verdict = _check_before_loading(config)
     with GracefulStop() as stop, torch_threads(config.threads, note_to_stderr if config.progress else None):
         try:
@@ -464,7 +439,7 @@ def run(config: BuildConfig) -> BuildSummary:
             try:
                 if config.chat_template is not None:   # before the header: its hash is this template's
                     use_chat_template(backend.tokenizer, read_chat_template(config.chat_template))
-                return _build(config, backend, samples, input_errors, verdict, stop, t0)
+                return _build(config, backend, inputs, verdict, stop, t0)
             finally:
                 backend.close()
         except StopRequested as exc:  # outside the sample loop: nothing unsaved
@@ -473,8 +448,8 @@ def run(config: BuildConfig) -> BuildSummary:
                               signum=exc.signum) from None
 
 
-def _build(config: BuildConfig, backend: TargetBackend, samples: list[InputSample], input_errors: list[dict],
-           verdict: str, stop: GracefulStop, t0: float) -> BuildSummary:
+def _build(config: BuildConfig, backend: TargetBackend, inputs: InputIndex, verdict: str, stop: GracefulStop,
+           t0: float) -> BuildSummary:
     renderer = ChatRenderer(backend.tokenizer, stop_ids=backend.stop_ids,
                             template_kwargs=config.chat_template_kwargs)
     header = make_header(config, backend)
@@ -495,37 +470,34 @@ def _build(config: BuildConfig, backend: TargetBackend, samples: list[InputSampl
                                  num_workers=config.num_workers, shard_max_tokens=config.shard_max_tokens,
                                  storage_options=config.storage_options)
             committed = writer.done_sample_ids()
-            known = {_error_key(e) for e in writer.recorded_errors()}
-
-        def record_error(e: dict) -> None:
-            if _error_key(e) not in known:  # a resumed run meets the same bad input again
-                known.add(_error_key(e))
+            # a resumed run meets the same bad input again: its file:line is recorded once
+            for e in inputs.errors.messages():
                 writer.record_error(**e)
-
-        for e in input_errors:
-            record_error(e)
-            skipped["input_error"] += 1
+            for file, line in inputs.errors.lines():
+                writer.record_error(sample_id=None, file=file, line=line, reason="input_error")
+        if inputs.errors:
+            skipped["input_error"] += len(inputs.errors)
 
         def on_sample_error(s: InputSample, exc: Exception) -> str:
             if config.on_error == "raise":
                 raise InputError(f"{s.file}:{s.line} (sample {s.sample_id!r}): {exc}") from exc
             return f"input_error: {exc}"
 
-        summary.already_done = sum(s.sample_id in committed for s in samples)
-        # Samples an earlier run already reported to the errors file count as handled too.
-        reported = {(k[0], k[1], k[2]) for k in known}
-        skipped_before = {s.sample_id for s in samples
-                          if s.sample_id not in committed and (s.sample_id, s.file, s.line) in reported}
+        summary.already_done = sum(sid in committed for sid in inputs.ids)
+        # Samples an earlier run skipped while building them count as handled too (a line once
+        # malformed that parses now was fixed: it is built)
+        built_skips = tuple(r for r in SKIP_REASONS if r != "input_error")
+        skipped_before = {sid for k, sid in enumerate(inputs.ids)
+                          if sid not in committed and writer.is_skipped(*inputs.where(k), codes=built_skips)}
         summary.already_skipped = len(skipped_before)
         done = committed | skipped_before
-        todo = {s.sample_id for s in samples if s.sample_id not in done}
-        batches = [samples[i:i + config.batch_size] for i in range(0, len(samples), config.batch_size)]
+        todo = {sid for sid in inputs.ids if sid not in done}
         bar = tqdm(total=len(todo), unit="sample", disable=not config.progress, dynamic_ncols=True,
                    desc=f"build w{config.worker_index}/{config.num_workers}, samples saved")
         progress = _Progress(bar, todo)
         processor = _BatchProcessor(config, backend, renderer, header, progress)
         with bar:
-            for batch in batches:
+            for batch in stream_batches(config, inputs):   # the inputs read again, batch by batch
                 if all(s.sample_id in done for s in batch):
                     continue
                 progress.start_batch(sum(s.sample_id not in done for s in batch))
@@ -541,8 +513,7 @@ def _build(config: BuildConfig, backend: TargetBackend, samples: list[InputSampl
                             summary.truncated += record.finish_reason == "truncated"
                         else:
                             skipped[reason.split(":", 1)[0]] += 1
-                            record_error({"sample_id": s.sample_id, "file": s.file, "line": s.line,
-                                          "reason": reason})
+                            writer.record_error(sample_id=s.sample_id, file=s.file, line=s.line, reason=reason)
                         progress.sample_done(s.sample_id)
     except StopRequested as exc:
         if writer is None:
@@ -566,7 +537,7 @@ def _build(config: BuildConfig, backend: TargetBackend, samples: list[InputSampl
                    f"; when every worker is done, run `osprey data merge {config.out}`")
         raise Interrupted(
             f"build of {config.out} interrupted by {signal_name(interrupted)}: {len(now_done - committed)} "
-            f"finished sample(s) of this run committed, {len(now_done & {s.sample_id for s in samples})} of this "
-            f"worker's {len(samples)} samples now in the store; the batch in progress was dropped. Rerun the "
+            f"finished sample(s) of this run committed, {len(now_done & set(inputs.ids))} of this "
+            f"worker's {len(inputs)} samples now in the store; the batch in progress was dropped. Rerun the "
             f"same command to resume{publish}.", signum=interrupted)
     return summary

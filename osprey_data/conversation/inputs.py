@@ -277,15 +277,19 @@ def iter_inputs(paths: list[str] | tuple[str, ...], *, on_error: str = "raise",
     for p in paths:
         if not Path(p).exists():
             raise InputError(f"input {p!r} does not exist")
-    seen: dict[str, str] = {}
+    # id -> where it was first seen, packed as file number * 2**40 + line: an int per record, not a
+    # "file:line" string (10^6 records held 10^6 of those)
+    seen: dict[str, int] = {}
+    labels: list[str] = []
     for p in paths:
         path = Path(p)
         reader = _reader_for(path)
+        source = path.stem   # one string per input, not one per record
         for file, line, record, error in reader(path):
             try:
                 if error is not None:
                     raise error
-                sample = normalize_record(record, file=file, line=line, default_source=path.stem)
+                sample = normalize_record(record, file=file, line=line, default_source=source)
                 if sample.sample_id in seen and not _has_explicit_id(record):
                     # Identical content without an id: a repeat in the data, kept as its own
                     # sample under an occurrence suffix (stable for the same inputs).
@@ -294,9 +298,12 @@ def iter_inputs(paths: list[str] | tuple[str, ...], *, on_error: str = "raise",
                         n += 1
                     sample.sample_id = f"{sample.sample_id}~{n}"
                 if sample.sample_id in seen:
-                    raise InputError(f"{file}:{line}: duplicate sample id {sample.sample_id!r} "
-                                     f"(first seen at {seen[sample.sample_id]}); ids must be unique")
-                seen[sample.sample_id] = f"{file}:{line}"
+                    first = seen[sample.sample_id]
+                    raise InputError(f"{file}:{line}: duplicate sample id {sample.sample_id!r} (first seen at "
+                                     f"{labels[first >> 40]}:{first & (2 ** 40 - 1)}); ids must be unique")
+                if not labels or labels[-1] != file:
+                    labels.append(file)
+                seen[sample.sample_id] = (len(labels) - 1) << 40 | line
             except InputError as exc:
                 if on_error == "raise":
                     raise

@@ -78,13 +78,20 @@ def read_journal(fs: StoreFS, name: str) -> dict[str, Any]:
 
 
 def write_journal(fs: StoreFS, *, worker: str, worker_index: int, num_workers: int,
-                  header: StoreHeader, shards: list[ShardInfo], errors: list[dict]) -> None:
+                  header: StoreHeader, shards: list[ShardInfo], skips: dict[str, Any]) -> None:
+    """Replace ``workers/<worker>.json``; ``skips`` is a :meth:`SkipLog.to_doc`."""
     doc = {
         "format_version": FORMAT_VERSION, "worker": worker, "worker_index": worker_index,
         "num_workers": num_workers, "header_sha256": header_hash(header),
-        "shards": [s.to_dict() for s in shards], "errors": list(errors),
+        "shards": [s.to_dict() for s in shards], **skips,
     }
-    fs.write_atomic(journal_path(worker), json.dumps(doc, indent=1).encode())
+    # one line per shard and per entry; the runs of a (file, code) on one line (no indent): their
+    # count is unbounded, and an indented run costs four lines
+    skipped = doc.pop("skipped")
+    text = json.dumps(doc, indent=1)
+    runs = ",\n  ".join(json.dumps(item, separators=(",", ":")) for item in skipped)
+    text = text[:-2] + (',\n "skipped": [\n  ' + runs + "\n ]\n}" if skipped else ',\n "skipped": []\n}')
+    fs.write_atomic(journal_path(worker), text.encode())
 
 
 def shard_sample_ids(fs: StoreFS, shard_id: str) -> list[str]:
@@ -143,7 +150,7 @@ def _union(fs: StoreFS, header: StoreHeader, visible: list[ShardInfo], *, check_
                 f"{fs.where('workers/' + name)}: worker {doc['worker']} wrote shards for a different "
                 "target/config (header hash differs from manifest.json); remove it or build into "
                 "another store")
-        num_errors += len(doc["errors"])
+        num_errors += doc.get("num_errors", len(doc["errors"]))   # older journals list every one
         for s in doc["shards"]:
             info = ShardInfo.from_dict(s)
             if info not in already:

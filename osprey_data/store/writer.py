@@ -40,6 +40,7 @@ from osprey_data.store.journal import (
 )
 from osprey_data.store.records import SampleRecord, check_record
 from osprey_data.store.shard import COMMIT_FILE, ShardBuilder, info_from_commit, missing_files, parse_commit
+from osprey_data.store.skip_log import SkipLog
 from osprey_data.store.worker_lock import WorkerLock
 
 __all__ = ["StoreWriter", "QUEUE_RECORDS"]
@@ -69,7 +70,7 @@ class StoreWriter:
         self.fs = StoreFS(url, storage_options=storage_options, read_only=False)
         self.fs.check_writable()  # read-only credentials fail here, naming the store, not at the first commit
         self._lock = threading.Lock()
-        self._errors: list[dict] = []
+        self._skips = SkipLog()
         self._shards: list[ShardInfo] = []
         self._done: set[str] = set()
         self._pending_ids: set[str] = set()
@@ -112,7 +113,7 @@ class StoreWriter:
                 raise ManifestMismatchError(f"{self.fs.where('workers/' + journal_file)}: journal was "
                                             "written for a different header")
             self._shards = [ShardInfo.from_dict(s) for s in doc["shards"]]
-            self._errors = list(doc["errors"])
+            self._skips = SkipLog.from_doc(doc, where=self.fs.where("workers/" + journal_file))
         journaled = {s.shard_id for s in self._shards}
         changed = False
         for name in self.fs.listdir("shards"):
@@ -144,9 +145,10 @@ class StoreWriter:
 
     def _write_journal(self) -> None:
         with self._lock:
-            shards, errors = list(self._shards), list(self._errors)
+            shards = list(self._shards)
+            skips = self._skips.to_doc()   # fresh lists: the builder may record more meanwhile
         write_journal(self.fs, worker=self.worker, worker_index=self.worker_index,
-                      num_workers=self.num_workers, header=self.header, shards=shards, errors=errors)
+                      num_workers=self.num_workers, header=self.header, shards=shards, skips=skips)
 
     # --- public API -----------------------------------------------------------------------
 
@@ -161,9 +163,21 @@ class StoreWriter:
             return list(self._shards)
 
     def recorded_errors(self) -> list[dict]:
-        """Errors recorded so far, including those a resumed worker's journal already held."""
+        """The full entries of the skipped records kept so far (a bounded sample per reason code,
+        :mod:`osprey_data.store.skip_log`), including those a resumed worker's journal held."""
         with self._lock:
-            return [dict(e) for e in self._errors]
+            return self._skips.messages()
+
+    def num_errors(self) -> int:
+        """Skipped records recorded so far (this run and the journal it resumed)."""
+        with self._lock:
+            return len(self._skips)
+
+    def is_skipped(self, file: str | None, line: int | None, codes: tuple[str, ...] | None = None) -> bool:
+        """Whether the input record at ``file:line`` is already recorded as skipped (for one of
+        ``codes``, or any): resume."""
+        with self._lock:
+            return self._skips.holds(file, line, codes)
 
     def add(self, record: SampleRecord) -> None:
         """Queue one sample; blocks while the background writer is ``QUEUE_RECORDS`` behind."""
@@ -181,10 +195,11 @@ class StoreWriter:
         record = _to_host(record)
         self._queue.put(record)
 
-    def record_error(self, *, sample_id: str | None, file: str | None, line: int | None, reason: str) -> None:
-        """Remember a sample that could not be built; saved in the worker journal."""
+    def record_error(self, *, sample_id: str | None, file: str | None, line: int | None, reason: str) -> bool:
+        """Remember a sample that could not be built; saved in the worker journal (compactly:
+        :mod:`osprey_data.store.skip_log`). False when its ``file:line`` was already recorded."""
         with self._lock:
-            self._errors.append({"sample_id": sample_id, "file": file, "line": line, "reason": str(reason)})
+            return self._skips.add(sample_id=sample_id, file=file, line=line, reason=reason)
 
     def close(self) -> None:
         """Commit the last shard, save the journal and (single worker) publish the manifest."""

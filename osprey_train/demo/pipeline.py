@@ -16,7 +16,9 @@ Stages (each calls the library ``run`` of its owner):
    drafter on the eval store (which holds exactly the ids the target generated);
 8. live speculative decoding (``osprey_train.evaluation.live``) of the eval prompts vs the target
    alone, in the same run;
-9. report: ``report.md``, ``report.png`` and ``demo.json`` in ``--out``.
+9. report: ``report.md``, ``report.png`` and ``demo.json`` in ``--out``; the distilled drafter and
+   both stores under stable names, ``OUT/drafter``, ``OUT/stores/train``, ``OUT/stores/eval``
+   (relative links into the study folder, :mod:`osprey_train.demo.outputs`).
 
 Like any study, a rerun reuses the stages that are finished (same settings) and continues an
 interrupted one; ``OUT/work/`` is the study folder.
@@ -33,6 +35,7 @@ from typing import Any
 from osprey_data.atomic import write_json
 from osprey_data.target_model import resolve_device
 from osprey_train.demo.config import DemoConfig
+from osprey_train.demo.outputs import publish_outputs
 from osprey_train.demo.report import write_report
 from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, DistillSection, DomainSection, EvalSection,
                                        LiveSection, ModelSection, PruneSection, StoresSection, StudyConfig,
@@ -115,7 +118,8 @@ def run(cfg: DemoConfig) -> DemoResult:
         print(busy, flush=True)
     study = demo_study(cfg)
     work = cfg.out / "work"
-    done = run_study(StudyRunConfig(study=study, out=work, cache=cfg.cache, progress=cfg.progress, prefix="demo"))
+    done = run_study(StudyRunConfig(study=study, out=work, cache=cfg.cache, progress=cfg.progress, prefix="demo",
+                                    eta_rates="demo"))
     plan = done.plan
     key = (ARM, cfg.seed, DOMAIN)
 
@@ -134,10 +138,14 @@ def run(cfg: DemoConfig) -> DemoResult:
         "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpu_threads": read_record(work, plan.live)["threads"], "study_folder": str(work),
         "stages_reused": done.reused,
-        # where the distilled drafter and the held-out store are, for the next commands (eval, export)
-        "paths": {"drafter": str(output_path(stage_dir(work, plan.drafters[key]), "distill")),
-                  "eval_store": str(output_path(stage_dir(work, plan.cells[(*key, DOMAIN)].deps["store"]), "store"))},
     }
+    # the distilled drafter and the stores under stable names, for the next commands (eval, export)
+    resolved = {"drafter": output_path(stage_dir(work, plan.drafters[key]), "distill"),
+                "train_store": output_path(stage_dir(work, plan.drafters[key].deps["store"]), "store"),
+                "eval_store": output_path(stage_dir(work, plan.cells[(*key, DOMAIN)].deps["store"]), "store")}
+    links = publish_outputs(cfg.out, resolved)
+    summary["paths"] = {role: str(path) for role, path in links.items()}
+    summary["resolved"] = {role: str(path) for role, path in resolved.items()}
     summary["timings_s"]["total"] = time.perf_counter() - t0
     report_t0 = time.perf_counter()
     md, png = write_report(summary, cfg.out)
@@ -145,8 +153,9 @@ def run(cfg: DemoConfig) -> DemoResult:
     summary["timings_s"]["total"] = time.perf_counter() - t0
     write_json(cfg.out / "demo.json", summary, default=str)
     if cfg.progress:
+        paths = summary["paths"]
         print(f"[demo done +{summary['timings_s']['total']:.0f}s] report: {md}; distilled drafter: "
-              f"{summary['paths']['drafter']}; eval store: {summary['paths']['eval_store']}", flush=True)
+              f"{paths['drafter']}; stores: {paths['train_store']} (train), {paths['eval_store']} (eval)", flush=True)
     return DemoResult(out=cfg.out, report_md=md, report_png=png, summary=summary)
 
 

@@ -39,8 +39,10 @@ class ExportConfig:
     """'hf', 'sglang' or 'vllm'."""
     out: Path
     """Output folder."""
-    dtype: str = "float32"
-    """Weights dtype of the export: float32 (lossless), bfloat16 or float16."""
+    dtype: str = "bfloat16"
+    """Floating weights' dtype of the export: bfloat16 (the default: what the engines serve, half the
+    bytes of float32), float32 (lossless: exact parity with Osprey's fp32 figures) or float16. Integer
+    and bool tensors (``d2t`` int64, ``t2d``) keep their own dtypes."""
     overwrite: bool = False
     """Replace ``out`` if it exists."""
     sweep: Path | None = None
@@ -71,6 +73,8 @@ class ExportResult:
     """The drafter's architecture (a name in osprey_train/drafters/registry.py)."""
     format: str
     """The format written."""
+    dtype: str
+    """The floating weights' dtype written (``config.dtype``)."""
     serving: ServingRecommendation | None = None
     """``sglang``: the serving flags recommended in ``serving.json``."""
 
@@ -90,7 +94,7 @@ def run(config: ExportConfig) -> ExportResult:
         writer, _ = EXPORTERS[config.format]
         writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
                **extra)
-    return ExportResult(out=config.out, arch=model.config.arch, format=config.format,
+    return ExportResult(out=config.out, arch=model.config.arch, format=config.format, dtype=config.dtype,
                         serving=extra.get("serving"))
 
 

@@ -19,7 +19,7 @@ from osprey_data.atomic import atomic_dir
 from osprey_data.errors import CheckpointError
 from osprey_train.models.io import write_safetensors
 
-__all__ = ["DTYPES", "dtype_name", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
+__all__ = ["DTYPES", "dtype_name", "cast_floating", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
            "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,6 +31,12 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
 def dtype_name(dtype: torch.dtype) -> str:
     """'float32' for torch.float32 etc."""
     return str(dtype).removeprefix("torch.")
+
+
+def cast_floating(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``state`` with its floating tensors in ``dtype``; integer and bool tensors keep theirs (an id map
+    cast to bf16 would round ids above 256)."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
 
 def offset_d2t(draft_to_target_Vd: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ def write_hf(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path 
     def fill(tmp: Path) -> None:
         copy = build_drafter(model.config)
         copy.load_state_dict(model.state_dict())
-        for p in copy.parameters():
+        for p in copy.parameters():   # parameters only: the int64 d2t buffer keeps its dtype
             p.data = p.data.to(dtype)
         save_drafter(copy, tmp)
         copy_side_files(source_dir, tmp)

@@ -13,7 +13,8 @@ num_draft_tokens 6), with a note saying it was not tuned.
      "speculative_num_steps": 5, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 6,
      "tuned": false, "sweep": null, "predicted": null, "note": "...",
      "env": {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"}, "target": "/models/target",
-     "launch": "python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE3 ..."}
+     "launch": "python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE3 ...",
+     "dtype": "bfloat16"}
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
                                             "speedup": best["speedup"], "cost_device": cost.get("device")})
 
 
-def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, target: str | None) -> dict[str, Any]:
-    """The ``serving.json`` document of an SGLang export at ``export_dir``."""
+def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, target: str | None,
+                dtype: str) -> dict[str, Any]:
+    """The ``serving.json`` document of an SGLang export at ``export_dir`` whose weights are ``dtype``."""
     draft_path = str(Path(export_dir).resolve())
     env = dict(drafter_spec(arch).serving_env)   # how SGLang finds the arch's model class
     args = ["python", "-m", "sglang.launch_server", "--model-path", target or "TARGET",
@@ -109,7 +111,8 @@ def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, targ
            "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": draft_path,
            "speculative_num_steps": rec.shape.steps, "speculative_eagle_topk": rec.shape.topk,
            "speculative_num_draft_tokens": rec.shape.num_draft_tokens, "tuned": rec.tuned, "sweep": rec.sweep,
-           "predicted": rec.predicted, "note": rec.note, "env": env, "target": target, "launch": launch}
+           "predicted": rec.predicted, "note": rec.note, "env": env, "target": target, "launch": launch,
+           "dtype": dtype}
     validate(doc, SCHEMA, where=str(Path(export_dir) / "serving.json"))
     return doc
 
@@ -129,7 +132,7 @@ def serving_readme(doc: dict[str, Any]) -> str:
     lines = [
         "# Serving this drafter with SGLang", "",
         f"Architecture: {spec.serving_label}; "
-        f"target: `{target}`.", "",
+        f"target: `{target}`; weights: {doc.get('dtype', 'float32')}.", "",
         "```bash", f"{install}{printable(doc['launch'])}", "```", "",
         f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
         f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"

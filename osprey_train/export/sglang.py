@@ -35,7 +35,7 @@ from osprey_data.atomic import write_json, write_text
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.drafters.registry import DRAFTERS, drafter_spec, spec_for_sglang_architecture
-from osprey_train.export.common import (absolute_d2t, copy_side_files, dtype_name, load_tensors, offset_d2t, read_json,
+from osprey_train.export.common import (absolute_d2t, cast_floating, copy_side_files, dtype_name, load_tensors, offset_d2t, read_json,
                                         save_tensors, t2d_mask, write_folder)
 from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc, serving_readme
 from osprey_train.models.base import Drafter
@@ -64,7 +64,7 @@ def llama_layer_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]
 
 def _engine_state(model: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Floating tensors in ``dtype``; a draft vocabulary as the engines' int64 d2t offsets + t2d mask."""
-    state = {k: v.to(dtype) for k, v in model.state_dict().items() if k != "d2t"}
+    state = cast_floating({k: v for k, v in model.state_dict().items() if k != "d2t"}, dtype)
     if model.draft_to_target is not None:
         state["d2t"] = offset_d2t(model.draft_to_target)
         state["t2d"] = t2d_mask(model.draft_to_target, model.config.vocab_size)
@@ -92,7 +92,7 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     state = _engine_state(model, dtype)
 
     served = serving_doc(serving or recommend(None), export_dir=out, arch=cfg.arch,
-                         target=None if cfg.target is None else cfg.target.name_or_path)
+                         target=None if cfg.target is None else cfg.target.name_or_path, dtype=dtype_name(dtype))
 
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)

@@ -50,7 +50,7 @@ from osprey_data.errors import CheckpointError
 from osprey_data.target_model import TapLayers
 from osprey_train.drafters.osprey import VLLM_FAMILIES as VLLM_OSPREY_FAMILIES
 from osprey_train.drafters.registry import drafter_spec
-from osprey_train.export.common import (absolute_d2t, copy_side_files, load_tensors, offset_d2t, read_json,
+from osprey_train.export.common import (absolute_d2t, cast_floating, copy_side_files, load_tensors, offset_d2t, read_json,
                                         save_tensors, t2d_mask, write_folder)
 from osprey_train.export.sglang import eagle3_config_from_llama, llama_layer_config
 from osprey_train.models.base import Drafter
@@ -144,7 +144,8 @@ def write_eagle3_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_d
         # provenance: which target (and tokenizer) this drafter serves
         "osprey_target": None if target is None else target.to_dict(),
     }
-    state = {eagle3_vllm_name(name): tensor.to(dtype) for name, tensor in model.state_dict().items() if name != "d2t"}
+    state = cast_floating({eagle3_vllm_name(name): tensor for name, tensor in model.state_dict().items()
+                           if name != "d2t"}, dtype)
     if cfg.draft_vocab_size != cfg.vocab_size:  # vLLM has a d2t parameter only for a reduced vocabulary
         state["d2t"] = offset_d2t(model.draft_to_target)
         state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)
@@ -163,7 +164,7 @@ def write_osprey_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_d
            "target_hidden_size": cfg.target_hidden_size, "draft_vocab_size": cfg.draft_vocab_size,
            "eagle_aux_hidden_state_layer_ids": cfg.tap_layers.to_vllm(), "osprey_drafter": cfg.to_dict(),
            "osprey_target": None if cfg.target is None else cfg.target.to_dict()}
-    state = {name: tensor.to(dtype) for name, tensor in model.state_dict().items() if name != "d2t"}
+    state = cast_floating({name: tensor for name, tensor in model.state_dict().items() if name != "d2t"}, dtype)
     if model.draft_to_target is not None:
         state["d2t"] = offset_d2t(model.draft_to_target)
         state["t2d"] = t2d_mask(model.draft_to_target, cfg.vocab_size)

@@ -46,19 +46,18 @@ from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.cpu_threads import busy_machine_threads
 from osprey_train.study.config import StudyConfig
+from osprey_train.study.eta import A_PRIORI_RATES, format_duration, study_estimate
 from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
 from osprey_train.study.plan import Node, Plan, build_plan
 from osprey_train.study.stages import EXECUTORS, Inputs, StageContext
 
 __all__ = ["StudyRunConfig", "StudyRunResult", "run", "stage_dir", "read_record", "code_version", "DEFAULT_RATES",
-           "format_duration", "estimate_seconds", "STAGE_RECORD"]
+           "format_duration", "STAGE_RECORD"]
 
 STAGE_RECORD = "stage.json"
 
-# Seconds per work unit of each stage kind (see ``plan.Node.cost``) before the study has measured its
-# own: from SmolLM2-135M runs on 2 shared CPU cores (one torch thread, load average ~4).
-DEFAULT_RATES: dict[str, float] = {"model": 5.0, "prompts": 1.0, "store": 0.03, "prune": 20.0, "corpus": 20.0,
-                                   "pretrain": 8.0, "convert": 20.0, "distill": 1.0, "eval": 0.5, "live": 2.0}
+# Seconds per work unit of each stage kind before the study has measured its own (osprey_train/study/eta.py).
+DEFAULT_RATES = A_PRIORI_RATES
 
 
 @dataclass(kw_only=True)
@@ -77,6 +76,9 @@ class StudyRunConfig:
     """Word the stage lines start with (``[study 3/40 ...]``; the demo says ``demo``)."""
     max_stages: int | None = None
     """Stop after running this many stages (tests; None = all)."""
+    eta_rates: str = "study"
+    """A-priori rates of the ETA before this run has measured its own: 'study' or 'demo'
+    (:data:`osprey_train.study.eta.A_PRIORI`)."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -138,49 +140,6 @@ def code_version() -> dict[str, Any]:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return doc
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-def measured_rates(out: Path, plan: Plan, measured: set[str] | None = None) -> dict[str, float]:
-    """Seconds per work unit of each kind, from this study's finished stages (defaults elsewhere);
-    the kinds measured here are added to ``measured`` when given."""
-    wall: dict[str, float] = {}
-    units: dict[str, float] = {}
-    for node in plan.nodes:
-        if node.pending:
-            continue
-        record = read_record(out, node)
-        if record and record.get("wall_s") and not record.get("resumed"):
-            wall[node.kind] = wall.get(node.kind, 0.0) + record["wall_s"]
-            units[node.kind] = units.get(node.kind, 0.0) + node.cost
-    rates = dict(DEFAULT_RATES)
-    rates.update({k: wall[k] / units[k] for k in wall if units[k] > 0})
-    if measured is not None:
-        measured.update(k for k in wall if units[k] > 0)
-    return rates
-
-
-def estimate_basis(todo: list[Node], measured: set[str]) -> str | None:
-    """None when every kind still to run has a rate measured in this study; else a few words saying
-    the estimate is rough (default rates from other machines and loads)."""
-    guessed = sorted({n.kind for n in todo} - measured)
-    if not guessed:
-        return None
-    return (f"rough: no {', '.join(guessed)} stage measured in this study yet, so those use default rates "
-            f"from another machine and load; it improves as stages finish")
-
-
-def estimate_seconds(nodes: list[Node], rates: dict[str, float]) -> float:
-    """Estimated seconds of ``nodes`` at ``rates``."""
-    return sum(n.cost * rates.get(n.kind, 1.0) for n in nodes)
 
 
 @contextmanager
@@ -329,6 +288,7 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
                 f"{len(todo)} to run; folder {out}")
         _log(out, f"run: {len(todo)} of {total} stages to run")
         index = result.reused
+        basis_said = None
         while todo:
             node = todo.pop(0)
             if node.pending:
@@ -340,13 +300,13 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
                     index += 1
                     continue
             index += 1
-            measured: set[str] = set()
-            rates = measured_rates(out, plan, measured)
-            eta = estimate_seconds([node, *todo], rates)
-            rough = "~" if estimate_basis([node, *todo], measured) else ""
+            eta = study_estimate(out, plan, [node, *todo], read_record, a_priori=cfg.eta_rates)
             if cfg.progress:
+                if eta.source != basis_said:   # say what the ETA rests on when that changes
+                    basis_said = eta.source
+                    say(f"    ETA: {eta.basis}")
                 say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
-                    f"ETA {rough}{format_duration(eta)}{' (rough)' if rough else ''}] {node.label}")
+                    f"ETA {eta.label()}] {node.label}")
             _log(out, f"start {node.folder} {node.label}")
             record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
             _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")

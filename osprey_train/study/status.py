@@ -2,8 +2,8 @@
 
 Read-only: it never takes the runner's lock, so it can watch a running study. Per stage kind it
 counts finished stages, names the stage in ``work/`` (running or interrupted) with its last
-checkpoint, and estimates the remaining time from the study's own measured seconds per work unit
-(default rates until a kind has finished once).
+checkpoint, and estimates the remaining time (:mod:`osprey_train.study.eta`: this run's measured
+seconds per work unit, a-priori rates scaled by them, or rough a-priori rates before any stage).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import build_plan
-from osprey_train.study.runner import (STAGE_RECORD, estimate_basis, estimate_seconds, format_duration,
-                                       measured_rates, read_record, stage_dir)
+from osprey_train.study.eta import format_duration, study_estimate
+from osprey_train.study.runner import STAGE_RECORD, read_record, stage_dir
 
 __all__ = ["StudyStatus", "status"]
 
@@ -37,7 +37,10 @@ class StudyStatus:
     remaining_s: float = 0.0
     """Estimated seconds for the unfinished stages."""
     estimate_note: str | None = None
-    """Why the estimate is rough (kinds with no stage measured in this study yet), or None."""
+    """What the estimate rests on: this run's finished stages, a-priori rates scaled by them, or a
+    rough a-priori estimate (with the machine's load) before any stage is measured."""
+    estimate_measured: bool = False
+    """True when every kind left has a rate measured in this run."""
     spent_s: float = 0.0
     """Wall seconds of the finished stages."""
     lock: str | None = None
@@ -49,12 +52,14 @@ class StudyStatus:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "out": str(self.out), "total": self.total, "done": self.done,
                 "by_kind": self.by_kind, "in_work": self.in_work, "next": self.next,
-                "remaining_s": self.remaining_s, "estimate_note": self.estimate_note, "spent_s": self.spent_s,
+                "remaining_s": self.remaining_s, "estimate_note": self.estimate_note,
+                "estimate_measured": self.estimate_measured, "spent_s": self.spent_s,
                 "lock": self.lock, "damaged": self.damaged}
 
     def to_text(self) -> str:
         lines = [f"study {self.name} in {self.out}: {self.done}/{self.total} stages finished; "
-                 f"{format_duration(self.spent_s)} spent, about {format_duration(self.remaining_s)} to go"
+                 f"{format_duration(self.spent_s)} spent, about {'' if self.estimate_measured else '~'}"
+                 f"{format_duration(self.remaining_s)} to go"
                  + (f" ({self.estimate_note})" if self.estimate_note else "")]
         lines.append(f"runner: {self.lock or 'none running'}")
         for kind, c in self.by_kind.items():
@@ -114,9 +119,8 @@ def status(cfg: StudyConfig, out: Path) -> StudyStatus:
             st.in_work.append({"label": node.label, "folder": node.folder,
                                "progress": _work_progress(work, node.kind)})
     st.next = [n.label for n in todo[:3]]
-    measured: set[str] = set()
-    st.remaining_s = estimate_seconds(todo, measured_rates(out, plan, measured))
-    st.estimate_note = estimate_basis(todo, measured)
+    eta = study_estimate(out, plan, todo, read_record)
+    st.remaining_s, st.estimate_note, st.estimate_measured = eta.seconds, eta.basis, eta.measured
     lock = out / ".lock"
     if lock.is_file():
         import fcntl

@@ -145,6 +145,11 @@ def test_on_error_skip_records_malformed_lines(tiny_llama_dir, prompts_file, tmp
     assert StoreReader(str(store)).manifest.num_errors == 2
     again = run(config(tiny_llama_dir, [bad, prompts_file], store, on_error="skip"))  # resume: no duplicates
     assert again.samples_written == 0 and again.already_done == 7 and len(journal_errors(store)) == 2
+    # the malformed line fixed: a rerun builds it (the errors file keys on file:line and reason)
+    bad.write_text(json.dumps({"id": "ok", "prompt": "hello"}) + "\n" + json.dumps({"id": "fixed", "prompt": "hi"})
+                   + "\n" + json.dumps({"id": "q"}) + "\n")
+    fixed = run(config(tiny_llama_dir, [bad, prompts_file], store, on_error="skip"))
+    assert fixed.samples_written == 1 and "fixed" in by_id(store)
 
 
 def test_overflow_policies_are_counted(tiny_llama_dir, prompts_file, tmp_path):

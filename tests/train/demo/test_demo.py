@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from osprey_data.errors import ConfigError, InputError
+from osprey_data.store import StoreReader
 from osprey_train.demo.config import DemoConfig
 from osprey_train.demo.pipeline import run, shipped_prompts, split_prompts
+from osprey_train.models import load_drafter
 
 
 def test_shipped_prompts_cover_five_domains_with_the_store_schema():
@@ -61,6 +64,14 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     assert stages == {"model", "prompts", "store", "prune", "convert", "distill", "eval", "live"}
     assert not list((tmp_path / "demo" / "work" / "work").iterdir())
     assert doc["stages_reused"] == 0
+    # the drafter and both stores under stable names (relative links into the stage folders)
+    demo = tmp_path / "demo"
+    assert doc["paths"] == {"drafter": str(demo / "drafter"), "train_store": str(demo / "stores" / "train"),
+                            "eval_store": str(demo / "stores" / "eval")}
+    for role, link in doc["paths"].items():
+        assert Path(link).is_symlink() and Path(link).resolve() == Path(doc["resolved"][role]).resolve()
+    assert load_drafter(demo / "drafter").config.arch == "osprey"
+    assert len(StoreReader(str(demo / "stores" / "eval"))) == 5
     # a rerun with the same settings reuses every stage and reports the same figures
     again = run(cfg)
     assert again.summary["stages_reused"] == len(list((tmp_path / "demo" / "work" / "stages").iterdir()))

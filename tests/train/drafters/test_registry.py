@@ -118,7 +118,7 @@ def test_export_writes_or_refuses_cleanly(arch, fmt, tmp_path):
             export_run(ExportConfig(drafter=tmp_path / "d", format=fmt, out=out))
         assert not out.exists()
         return
-    result = export_run(ExportConfig(drafter=tmp_path / "d", format=fmt, out=out))
+    result = export_run(ExportConfig(drafter=tmp_path / "d", format=fmt, out=out, dtype="float32"))
     assert result.arch == arch
     back = load_export(out, fmt)
     assert back.config.arch == arch

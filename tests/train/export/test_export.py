@@ -50,8 +50,8 @@ def _outputs(model):
                                       ("osprey-dv", "hf"), ("osprey-dv", "vllm")])
 def test_round_trip_identical_weights_and_outputs(drafters, tmp_path, arch, fmt):
     model, folder = drafters[arch]
-    result = run(ExportConfig(drafter=folder, format=fmt, out=tmp_path / fmt))
-    assert result.arch == model.config.arch
+    result = run(ExportConfig(drafter=folder, format=fmt, out=tmp_path / fmt, dtype="float32"))
+    assert result.arch == model.config.arch and result.dtype == "float32"
     back = load_export(result.out, fmt)
     assert type(back) is type(model) and back.config == model.config
     a, b = model.state_dict(), back.state_dict()
@@ -219,7 +219,7 @@ def test_vllm_multi_layer_eagle3_names_layers_in_order_and_round_trips(tmp_path)
     deep = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, num_layers=3))
     deep.set_draft_vocab(torch.arange(5, 384, 2)[:128])
     save_drafter(deep, tmp_path / "deep")
-    out = run(ExportConfig(drafter=tmp_path / "deep", format="vllm", out=tmp_path / "v")).out
+    out = run(ExportConfig(drafter=tmp_path / "deep", format="vllm", out=tmp_path / "v", dtype="float32")).out
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["transformer_layer_config"]["num_hidden_layers"] == 3
     state = load_file(str(out / "model.safetensors"))
@@ -241,7 +241,7 @@ def test_full_vocabulary_eagle3_has_no_d2t_for_vllm(tmp_path):
     full = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET, draft_vocab_size=384))
     full.set_draft_vocab(torch.arange(384))  # draft ids are sorted target ids: all of them = the identity
     save_drafter(full, tmp_path / "full")
-    out = run(ExportConfig(drafter=tmp_path / "full", format="vllm", out=tmp_path / "v")).out
+    out = run(ExportConfig(drafter=tmp_path / "full", format="vllm", out=tmp_path / "v", dtype="float32")).out
     state = load_file(str(out / "model.safetensors"))
     assert "d2t" not in state and "t2d" not in state  # vLLM has no d2t parameter for a full draft vocabulary
     back = load_export(out, "vllm")
@@ -329,3 +329,46 @@ def test_vllm_export_readme_has_the_launch_line(drafters, tmp_path, arch):
     assert json.loads(words[4]) == {"model": str(out.resolve()), "method": "eagle3", "num_speculative_tokens": 3}
     # an Osprey drafter is served by this package's plugin class: the README says to install it next to vLLM
     assert ("pip install -e ." in readme) == (arch == "osprey-dv")
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm", "hf"])
+def test_default_export_is_bfloat16_with_int64_d2t_and_says_so(drafters, tmp_path, fmt):
+    """The engines serve bf16: by default floating tensors are bf16 (half the bytes), the id maps keep
+    their integer / bool dtypes (a bf16 d2t would round draft ids above 256), the dtype is recorded."""
+    from safetensors.torch import load_file
+
+    from osprey_cli.main import cli
+
+    model, folder = drafters["eagle3"]
+    res = CliRunner().invoke(cli, ["export", "--drafter", str(folder), "--format", fmt, "--out", str(tmp_path / fmt)])
+    assert res.exit_code == 0, res.output
+    assert "(bfloat16 weights)" in res.output
+    out = tmp_path / fmt
+    state = load_file(str(out / "model.safetensors"))
+    floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+    assert floats and set(floats.values()) == {torch.bfloat16}, floats
+    assert state["d2t"].dtype == torch.int64
+    if fmt != "hf":
+        assert state["t2d"].dtype == torch.bool
+        assert torch.equal(state["d2t"] + torch.arange(128), model.draft_to_target)   # ids up to 383: exact
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg.get("torch_dtype", cfg.get("transformer_layer_config", {}).get("torch_dtype")) == "bfloat16"
+    else:
+        assert torch.equal(state["d2t"], model.draft_to_target)
+    if fmt == "sglang":
+        assert json.loads((out / "serving.json").read_text())["dtype"] == "bfloat16"
+        assert "weights: bfloat16" in (out / "README.md").read_text()
+    back = load_export(out, fmt)
+    assert next(back.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(back.fc.weight, model.fc.weight.to(torch.bfloat16), rtol=0, atol=0)
+    # --dtype float32 still gives the lossless export, recorded as such
+    res = CliRunner().invoke(cli, ["export", "--drafter", str(folder), "--format", fmt, "--out", str(out),
+                                   "--dtype", "float32", "--overwrite"])
+    assert res.exit_code == 0 and "(float32 weights)" in res.output, res.output
+    assert {v.dtype for v in load_file(str(out / "model.safetensors")).values() if v.is_floating_point()} == \
+        {torch.float32}
+    if fmt == "sglang":
+        assert json.loads((out / "serving.json").read_text())["dtype"] == "float32"
+    # bf16 is about half the bytes of float32
+    assert (out / "model.safetensors").stat().st_size > 1.8 * sum(v.numel() * 2 for v in state.values()
+                                                                   if v.is_floating_point())

@@ -192,7 +192,7 @@ def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset, dr
     if draft_vocab is not None:
         drafter.set_draft_vocab(torch.arange(384)[torch.randperm(384)[:draft_vocab]].sort().values)
     save_drafter(drafter, tmp_path / "d")
-    out = run(ExportConfig(drafter=tmp_path / "d", format="sglang", out=tmp_path / "s")).out
+    out = run(ExportConfig(drafter=tmp_path / "d", format="sglang", out=tmp_path / "s", dtype="float32")).out
     config = types.SimpleNamespace(**json.loads((out / "config.json").read_text()))
     model = ext.OspreyDrafterForCausalLM(config).eval()
     model.load_weights(load_file(str(out / "model.safetensors")).items())
