@@ -5,6 +5,8 @@ vLLM venv. The engine itself runs in ``test_backend_vllm.py`` (``-m engine``).""
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -107,6 +109,7 @@ def test_venv_without_vllm_fails_at_start_with_the_driver_error(tiny_llama_dir, 
     assert "\n" not in msg and "the whole log: " in msg
     log = msg.rsplit("the whole log: ", 1)[1].rstrip(")")
     assert "ModuleNotFoundError" in open(log, encoding="utf-8").read()
+    shutil.rmtree(os.path.dirname(log))  # kept for the user on failure; this test's own is done
 
 
 def test_engine_env_and_log_cause(tmp_path):
