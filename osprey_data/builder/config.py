@@ -90,7 +90,7 @@ class BuildConfig:
     """Target precision (``osprey_data.target_model.precision``): weights dtype, or ``bf16-autocast``
     (float32 weights, bf16 matmuls); ``auto`` is bfloat16 on CUDA and on a CPU with bf16 matrix
     units (AMX/AVX512-BF16; prepacked linears), float32 on other CPUs; ``--backend sglang`` on CPU
-    runs bfloat16 only. The store header records the resolved name."""
+    runs bfloat16 only, ``--backend vllm`` float32 or bfloat16. The store header records the resolved name."""
     num_workers: int | None = None
     """Total independent workers writing this store (default: WORLD_SIZE or 1)."""
     worker_index: int | None = None

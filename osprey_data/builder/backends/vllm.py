@@ -49,7 +49,8 @@ from osprey_data.builder.backends.base import (
 )
 from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import BackendUnavailableError, ConfigError
-from osprey_data.target_model import check_target_exists, default_tap_layers, identify_target, resolve_precision
+from osprey_data.target_model import (check_target_exists, default_tap_layers, identify_target, resolve_precision,
+                                      text_config)
 
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
@@ -98,7 +99,9 @@ def engine_env(python: Path, threads: int) -> dict[str, str]:
     minutes on a busy small machine); no core pinning on a shared machine; ``LD_PRELOAD`` of the
     venv's ``libiomp5.so`` is what vLLM advises on CPU.
     """
-    env = {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+    env = {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           # GiB of KV cache (taps included) on CPU; a set value is the user's choice
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     iomp = python.parent.parent / "lib" / "libiomp5.so"
@@ -122,14 +125,16 @@ def log_cause(log_path: Path) -> str:
 
 
 def _load_meta_identity(target: str, tokenizer: Any, dtype: Any):
-    """The target's identity from its config, without its weights (a meta-device model)."""
+    """The target's identity, generation config and position limit from its config, without its
+    weights (a meta-device model)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(target)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    return identify_target(model, tokenizer, target), getattr(model, "generation_config", None)
+    limit = getattr(text_config(cfg), "max_position_embeddings", None)
+    return identify_target(model, tokenizer, target), getattr(model, "generation_config", None), limit
 
 
 class VLLMBackend(TargetBackend):
@@ -154,7 +159,7 @@ class VLLMBackend(TargetBackend):
         target = str(Path(folder).expanduser().absolute()) if Path(folder).expanduser().exists() else folder
         self.precision = resolve_precision(config.dtype, device, what="--dtype")  # what the header records
         self.tokenizer = AutoTokenizer.from_pretrained(target)
-        self.identity, gen_config = _load_meta_identity(target, self.tokenizer, self.precision.weights)
+        self.identity, gen_config, max_positions = _load_meta_identity(target, self.tokenizer, self.precision.weights)
         if gen_config is None:
             try:
                 gen_config = GenerationConfig.from_pretrained(target)
@@ -169,7 +174,8 @@ class VLLMBackend(TargetBackend):
         self.log_path = self._work / "engine.log"
         settings = {"target": target, "dtype": self.precision.name, "taps": list(self.taps), "topk": self.topk,
                     "capture_dir": str(self._work / "capture"), "seed": config.seed,
-                    "max_model_len": config.max_length + config.max_new_tokens,
+                    # longest prompt + answer; the runner cuts stored sequences at max_length
+                    "max_model_len": min(config.max_length + config.max_new_tokens, max_positions or 1 << 30),
                     "max_num_seqs": config.batch_size, "threads": config.threads or 1}
         settings_path = self._work / "settings.json"
         settings_path.write_text(json.dumps(settings), encoding="utf-8")
@@ -177,7 +183,11 @@ class VLLMBackend(TargetBackend):
         self._proc = subprocess.Popen([str(python), str(DRIVER), str(settings_path)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(self._work),
                                       env=_clean_env(engine_env(python, config.threads or 1)))
-        ready = self._answer("start vLLM")
+        try:
+            ready = self._answer("start vLLM")
+        except BackendUnavailableError:
+            self.close()  # the process is gone or going; its log stays (named in the error)
+            raise
         self.engine_info = ready
         if device.startswith("cuda") != (ready.get("device_type") == "cuda"):
             self.close()
