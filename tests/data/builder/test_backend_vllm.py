@@ -115,9 +115,10 @@ class TestVLLMContract(BackendContract):
             gap = float(lp_V[a[k]] - lp_V[b[k]])
             assert abs(gap) < TIE_GAP, f"greedy ids split at step {k} where the logits are no near-tie ({gap:.3g})"
 
-    @pytest.mark.xfail(strict=True, reason="measured on vLLM 0.32's CPU engine with the capture path on "
-                       "(extract_hidden_states): the same requests with the same per-request seeds sample different "
-                       "tokens on a rerun; stores built with --temperature > 0 are not reproducible there (greedy is)")
+    @pytest.mark.xfail(strict=True, reason="measured on vLLM 0.32's CPU engine as this backend runs it "
+                       "(extract_hidden_states capture on; cause not found): the same requests with the same "
+                       "per-request seeds sample different tokens on a rerun; stores built with --temperature > 0 "
+                       "are not reproducible there (greedy is)")
     def test_sampling_is_seeded_per_request(self, backend):
         super().test_sampling_is_seeded_per_request(backend)
 
