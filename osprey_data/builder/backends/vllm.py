@@ -49,8 +49,8 @@ from osprey_data.builder.backends.base import (
 )
 from osprey_data.conversation.chat_template import stop_token_ids
 from osprey_data.errors import BackendUnavailableError, ConfigError
-from osprey_data.target_model import (check_target_exists, default_tap_layers, identify_target, resolve_precision,
-                                      text_config)
+from osprey_data.target_model import (check_target_exists, default_tap_layers, identify_target, resolve_device,
+                                      resolve_precision, text_config)
 
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
@@ -92,7 +92,7 @@ def _clean_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def engine_env(python: Path, threads: int) -> dict[str, str]:
+def engine_env(python: Path, threads: int, device: str = "cpu") -> dict[str, str]:
     """The engine process's settings: its thread budget, one process, vLLM's bundled OpenMP, offline.
 
     The engine core runs inside the driver (no extra interpreter importing torch and vLLM again,
@@ -104,6 +104,8 @@ def engine_env(python: Path, threads: int) -> dict[str, str]:
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
+    if device.startswith("cuda:"):  # vLLM takes the first visible GPU
+        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
     iomp = python.parent.parent / "lib" / "libiomp5.so"
     if iomp.is_file():
         env["LD_PRELOAD"] = " ".join(p for p in (os.environ.get("LD_PRELOAD"), str(iomp.resolve())) if p)
@@ -150,7 +152,7 @@ class VLLMBackend(TargetBackend):
         if config.final_hidden:
             raise ConfigError("--backend vllm cannot store --final-hidden (vLLM captures the residual stream "
                               "before the final norm); drop --final-hidden or use --backend hf")
-        device = "cpu" if config.device == "auto" else config.device
+        device = resolve_device(config.device)  # auto: CUDA where our torch sees one, else the CPU
         if config.dtype in ("bf16-autocast",) or (device == "cpu" and config.dtype == "float16"):
             raise ConfigError(f"--backend vllm runs float32 or bfloat16 on CPU (no {config.dtype}); pass --dtype "
                               f"float32 or bfloat16, or use --backend hf")
@@ -182,7 +184,10 @@ class VLLMBackend(TargetBackend):
         self._log: IO[str] = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - lives with the process
         self._proc = subprocess.Popen([str(python), str(DRIVER), str(settings_path)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(self._work),
-                                      env=_clean_env(engine_env(python, config.threads or 1)))
+                                      env=_clean_env(engine_env(python, config.threads or 1, device)),
+                                      # a Ctrl-C reaches the builder alone, which finishes its batch and
+                                      # closes the engine; a killed builder closes the driver's stdin
+                                      start_new_session=True)
         try:
             ready = self._answer("start vLLM")
         except BackendUnavailableError:

@@ -96,6 +96,12 @@ class TestVLLMContract(BackendContract):
             _check_features(g, w, seq, f"prompt {n}")
         # no capture file outlives its call
         assert not any((backend._work / "capture").iterdir())
+        # the check can fail: the classic convention slip, each tap one layer off (a layer's output
+        # taken for its input), is caught
+        shifted = tuple(t + 1 for t in backend.taps)
+        off = hf.features(seqs[:1], taps=shifted, topk=TOPK, final_hidden=False)[0]
+        with pytest.raises(AssertionError, match="taps"):
+            _check_features(got[0], off, seqs[0], "prompt 0, taps + 1")
 
     def test_greedy_generation_matches_naive_decoding(self, backend, hf):
         """Same ids as the HF backend at the same precision, up to the first near-tie."""

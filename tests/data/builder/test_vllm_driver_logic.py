@@ -118,7 +118,8 @@ def test_engine_env_and_log_cause(tmp_path):
     (tmp_path / "venv" / "lib" / "libiomp5.so").write_bytes(b"")
     env = engine_env(py, 2)
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert env["LD_PRELOAD"].endswith("libiomp5.so")
+    assert env["LD_PRELOAD"].endswith("libiomp5.so") and "CUDA_VISIBLE_DEVICES" not in env
+    assert engine_env(py, 1, "cuda:3")["CUDA_VISIBLE_DEVICES"] == "3"
     log = tmp_path / "engine.log"
     log.write_text("INFO start\n[rank0]: ValueError: bad block size\nINFO shutting down\n", encoding="utf-8")
     assert log_cause(log) == "ValueError: bad block size"
