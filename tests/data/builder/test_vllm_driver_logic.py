@@ -45,6 +45,14 @@ def test_topk_row_sorts_by_rank_and_drops_the_actual_token_outside_topk():
     assert topk_row({4: _Logprob(-0.1, 1), 2: _Logprob(-3.0, 2)}, 2, "p") == ([4, 2], [-0.1, -3.0])
 
 
+def test_topk_row_drops_the_actual_token_tied_with_the_kth():
+    # id 7 is the actual token, outside vLLM's top-3 but tied with the 3rd: vLLM counts it rank 3
+    entries = {1: _Logprob(-0.5, 1), 9: _Logprob(-1.0, 2), 5: _Logprob(-2.0, 3), 7: _Logprob(-2.0, 3)}
+    assert topk_row(entries, 3, "p", actual=7) == ([1, 9, 5], [-0.5, -1.0, -2.0])
+    with pytest.raises(RuntimeError, match="ranks \\[1, 2, 3, 3\\]"):  # not knowing the actual token
+        topk_row(entries, 3, "p")
+
+
 def test_topk_row_refuses_missing_ranks():
     with pytest.raises(RuntimeError, match="sequence 0 position 4: vLLM returned ranks \\[1, 3\\]"):
         topk_row({1: _Logprob(-0.1, 1), 2: _Logprob(-2.0, 3)}, 3, "sequence 0 position 4")

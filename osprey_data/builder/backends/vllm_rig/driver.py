@@ -26,8 +26,9 @@ group, and the connector in ``osprey_sync_connector.py`` writes each finished re
 a file of its own under the capture folder; the driver reads and deletes it (and its lock file)
 for generation and capture requests alike, so nothing accumulates. Top-k: vLLM's prompt
 log-probs (full-softmax, raw logits) at positions 1..T-1 give rows 0..T-2; the one-token
-completion's log-probs give the last row. Each carries the top-K entries plus the actual token
-at its own rank; rows keep ranks 1..K, sorted by rank.
+completion's log-probs give the last row. Each carries the top-K entries (ranked by position)
+plus the actual token at the rank vLLM counts for it; rows keep ranks 1..K (see
+:func:`topk_row` for a tie of the actual token with the K-th).
 
 Legend: T tokens, L taps, D hidden, K top-k.
 """
@@ -50,14 +51,18 @@ CONNECTOR_MODULE = "osprey_sync_connector"
 _DRAIN_STEPS = 8  # idle engine steps allowed for the connector to write the last requests' files
 
 
-def topk_row(entries: dict, k: int, where: str) -> tuple[list[int], list[float]]:
+def topk_row(entries: dict, k: int, where: str, actual: int | None = None) -> tuple[list[int], list[float]]:
     """Ids and log-probs of ranks 1..k from one vLLM position's ``{token_id: Logprob}``, by rank.
 
-    vLLM adds the actual (prompt or sampled) token at its own rank when it is outside the top k,
-    so a position holds k or k+1 entries; anything else means the engine ran with fewer log-probs.
+    vLLM ranks its top k by position (1..k) and adds the actual (prompt or sampled) token
+    ``actual`` with the rank it counts itself (1 + the number of larger log-probs). Outside the
+    top k that rank can still be <= k when it ties with the k-th (frequent in bf16): that entry
+    is the extra one and goes. Anything short of ranks 1..k means too few log-probs were asked for.
     """
-    ranked = sorted((int(v.rank), int(tok), float(v.logprob)) for tok, v in entries.items() if v.rank is not None
-                    and int(v.rank) <= k)
+    kept = {int(tok): v for tok, v in entries.items() if v.rank is not None and int(v.rank) <= k}
+    if len(kept) == k + 1 and actual is not None and int(actual) in kept:
+        del kept[int(actual)]  # the tie outside the top k (inside it, vLLM keeps the positional rank)
+    ranked = sorted((int(v.rank), tok, float(v.logprob)) for tok, v in kept.items())
     if [r for r, _, _ in ranked] != list(range(1, k + 1)):
         raise RuntimeError(f"{where}: vLLM returned ranks {[r for r, _, _ in ranked]} for top-{k} "
                            f"(max_logprobs too small?)")
@@ -189,8 +194,11 @@ class Engine:
                 for pos, j in enumerate(self.order):
                     inverse[j] = pos
                 hidden_TLD = hidden_TLD[:, inverse].contiguous()
+                # row t: the distribution over token t+1 (the last one over the completion's token)
                 rows = [out.prompt_logprobs[t] for t in range(1, T)] + [out.outputs[0].logprobs[0]]
-                ids, lps = zip(*(topk_row(r, self.topk, f"sequence {n} position {t}") for t, r in enumerate(rows)))
+                actual = seq[1:] + [out.outputs[0].token_ids[0]]
+                ids, lps = zip(*(topk_row(r, self.topk, f"sequence {n} position {t}", actual[t])
+                                 for t, r in enumerate(rows)))
                 target = os.path.join(call["out"], f"capture-{n}.safetensors")
                 save_file({"hidden_TLD": hidden_TLD, "topk_ids_TK": torch.tensor(ids, dtype=torch.int32),
                            "topk_logprobs_TK": torch.tensor(lps, dtype=torch.float32)}, target)
