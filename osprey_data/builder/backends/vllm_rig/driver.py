@@ -115,8 +115,10 @@ class Engine:
         self.topk = int(settings["topk"])
         self.capture_dir = settings["capture_dir"]
         os.makedirs(self.capture_dir, exist_ok=True)
-        # vLLM returns the aux states in layer order: sort once, map back to the requested order.
-        self.order = sorted(range(len(self.taps)), key=lambda j: self.taps[j])
+        # vLLM stacks the aux states in layer order; tap ids are strictly increasing (TapLayers), so
+        # that is the requested order: anything else would permute the taps silently.
+        if self.taps != sorted(set(self.taps)):
+            raise ValueError(f"taps {self.taps} are not strictly increasing")
         self.llm = LLM(
             model=settings["target"], tokenizer=settings["target"], dtype=settings["dtype"],
             seed=int(settings.get("seed", 0)), max_model_len=int(settings["max_model_len"]),
@@ -125,7 +127,7 @@ class Engine:
             enable_prefix_caching=False,
             speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                 "draft_model_config": {"hf_config": {
-                                    "eagle_aux_hidden_state_layer_ids": sorted(self.taps)}}},
+                                    "eagle_aux_hidden_state_layer_ids": self.taps}}},
             kv_transfer_config={"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
                                 "kv_role": "kv_producer",
                                 "kv_connector_extra_config": {"shared_storage_path": self.capture_dir}},
@@ -190,10 +192,6 @@ class Engine:
                 if tuple(hidden_TLD.shape[:2]) != (T, len(self.taps)):
                     raise RuntimeError(f"sequence {n}: captured states of shape {tuple(hidden_TLD.shape)}, "
                                        f"want ({T}, {len(self.taps)}, D)")
-                inverse = [0] * len(self.taps)
-                for pos, j in enumerate(self.order):
-                    inverse[j] = pos
-                hidden_TLD = hidden_TLD[:, inverse].contiguous()
                 # row t: the distribution over token t+1 (the last one over the completion's token)
                 rows = [out.prompt_logprobs[t] for t in range(1, T)] + [out.outputs[0].logprobs[0]]
                 actual = seq[1:] + [out.outputs[0].token_ids[0]]
