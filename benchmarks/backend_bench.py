@@ -17,7 +17,7 @@ Usage::
 
     OSPREY_VLLM_VENV=.venv-vllm python benchmarks/backend_bench.py \\
         --inputs ../shared/data/prompts/chat.eval.jsonl --limit 16 --max-new-tokens 64
-    python benchmarks/backend_bench.py --quick      # 4 prompts, 16 tokens (< 60 s after vLLM's start)
+    python benchmarks/backend_bench.py --quick      # 4 prompts, 16 tokens: ~50 s here, mostly vLLM's start
 
 Target: SmolLM2-135M-Instruct from the demo's cache (fetched from PyPI once). Ends with one
 ``RESULT key=value ...`` line.
