@@ -9,7 +9,7 @@ file per sequence in a private work folder that the backend deletes.
 What vLLM computes (read from vLLM 0.32's source and checked by the contract test):
 
 * generation: ``LLM.generate`` on token ids (the chat template, the stop ids and the loss mask
-  stay ours), greedy or temperature/top-p with a per-request ``seed``;
+  stay ours), greedy;
 * taps: the ``extract_hidden_states`` speculative method with
   ``eagle_aux_hidden_state_layer_ids`` = our taps. vLLM's aux id i is the residual stream entering
   decoder layer i (``hidden + residual``), which is HF's ``hidden_states[i]``, our convention: no
@@ -24,7 +24,8 @@ states recorded while generating: the runner renders the final sequence (closing
 tokens, later turns) only after generation. Prefix caching is off so that every position is
 computed in that pass.
 
-Not available here: ``--final-hidden`` (vLLM's last aux state is before the final norm) and GGUF
+Refused: sampled regeneration (``--temperature > 0``; see :data:`SAMPLING_REFUSED`, measured),
+``--final-hidden`` (vLLM's last aux state is before the final norm) and GGUF
 targets. Tap ids are ``1..L-1`` (:class:`~osprey_data.target_model.TapLayers`), so the post-norm
 ``hidden_states[L]`` never has to be captured.
 
@@ -55,13 +56,20 @@ from osprey_data.target_model import (check_target_exists, default_tap_layers, i
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
 
-__all__ = ["VLLMBackend", "find_vllm_python", "vllm_available", "engine_env", "DRIVER", "VENV_ENV"]
+__all__ = ["VLLMBackend", "find_vllm_python", "vllm_available", "engine_env", "DRIVER", "VENV_ENV", "SAMPLING_REFUSED"]
 
 VENV_ENV = "OSPREY_VLLM_VENV"
 DEFAULT_VENV = ".venv-vllm"
 DRIVER = Path(__file__).resolve().parent / "vllm_rig" / "driver.py"
 _SETUP = "engines/setup_vllm.sh"
 _LOG_TAIL = 200
+# Measured (vLLM 0.32, CPU): with the extract_hidden_states method on, temperature sampling does not
+# follow the target's distribution (the drafted token, the one just sampled, is accepted far too
+# often: runs like [10768] * 8 where the plain engine samples [10768, 28, 338, ...] from the same
+# seeds), and the same seeds give other tokens on a rerun. Greedy is exact (argmax verification).
+SAMPLING_REFUSED = ("--backend vllm regenerates greedily only (--temperature 0): vLLM 0.32's capture path "
+                    "(extract_hidden_states) does not sample from the target's distribution; use --temperature 0, "
+                    "--no-regenerate, or --backend hf for sampled responses")
 
 
 def find_vllm_python(venv: str | os.PathLike | None = None) -> Path:
@@ -152,6 +160,8 @@ class VLLMBackend(TargetBackend):
         if config.final_hidden:
             raise ConfigError("--backend vllm cannot store --final-hidden (vLLM captures the residual stream "
                               "before the final norm); drop --final-hidden or use --backend hf")
+        if config.regenerate and config.temperature > 0:
+            raise ConfigError(SAMPLING_REFUSED)
         device = resolve_device(config.device)  # auto: CUDA where our torch sees one, else the CPU
         if config.dtype in ("bf16-autocast",) or (device == "cpu" and config.dtype == "float16"):
             raise ConfigError(f"--backend vllm runs float32 or bfloat16 on CPU (no {config.dtype}); pass --dtype "
@@ -229,6 +239,8 @@ class VLLMBackend(TargetBackend):
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, *,
                  on_step: StepCallback | None = None) -> list[GenerationResult]:
+        if not params.greedy:
+            raise ConfigError(SAMPLING_REFUSED)
         if not requests:
             return []
         answer = self._call("generate", {

@@ -92,6 +92,10 @@ def test_options_vllm_cannot_serve_are_refused_before_starting(tiny_llama_dir, m
         VLLMBackend(_config(tiny_llama_dir, dtype="float16"))
     with pytest.raises(ConfigError, match="GGUF"):
         VLLMBackend(_config(tiny_llama_dir, gguf_file="model.gguf"))
+    with pytest.raises(ConfigError, match="greedily only"):  # vLLM's capture path samples wrongly
+        VLLMBackend(_config(tiny_llama_dir, temperature=0.7))
+    with pytest.raises(BackendUnavailableError, match="no-venv|nowhere"):  # teacher-forced: temperature unused
+        VLLMBackend(_config(tiny_llama_dir, temperature=0.7, regenerate=False))
 
 
 def test_missing_venv_is_one_line_naming_the_setup_script(tiny_llama_dir, monkeypatch, tmp_path):
