@@ -63,10 +63,11 @@ DEFAULT_VENV = ".venv-vllm"
 DRIVER = Path(__file__).resolve().parent / "vllm_rig" / "driver.py"
 _SETUP = "engines/setup_vllm.sh"
 _LOG_TAIL = 200
-# Measured (vLLM 0.32, CPU): with the extract_hidden_states method on, temperature sampling does not
-# follow the target's distribution (the drafted token, the one just sampled, is accepted far too
-# often: runs like [10768] * 8 where the plain engine samples [10768, 28, 338, ...] from the same
-# seeds), and the same seeds give other tokens on a rerun. Greedy is exact (argmax verification).
+# Measured (vLLM 0.32, CPU; benchmarks/vllm_capture_sampling.py): with the extract_hidden_states
+# method on, temperature sampling does not follow the target's distribution (the drafted token, the
+# one just sampled, is accepted far too often: 59 % of tokens repeat the previous one, 0 % in the
+# plain engine from the same seeds), and the same seeds give other tokens on a rerun. Greedy is
+# exact (a draft is accepted only when it is the argmax).
 SAMPLING_REFUSED = ("--backend vllm regenerates greedily only (--temperature 0): vLLM 0.32's capture path "
                     "(extract_hidden_states) does not sample from the target's distribution; use --temperature 0, "
                     "--no-regenerate, or --backend hf for sampled responses")
