@@ -63,7 +63,7 @@ DEFAULT_VENV = ".venv-vllm"
 DRIVER = Path(__file__).resolve().parent / "vllm_rig" / "driver.py"
 _SETUP = "engines/setup_vllm.sh"
 _LOG_TAIL = 200
-# Measured (vLLM 0.32, CPU; benchmarks/vllm_capture_sampling.py): with the extract_hidden_states
+# Measured (vLLM 0.32, CPU; engines/vllm_capture_sampling.py): with the extract_hidden_states
 # method on, temperature sampling does not follow the target's distribution (the drafted token, the
 # one just sampled, is accepted far too often: 59 % of tokens repeat the previous one, 0 % in the
 # plain engine from the same seeds), and the same seeds give other tokens on a rerun. Greedy is

@@ -123,7 +123,7 @@ class TestVLLMContract(BackendContract):
             assert abs(gap) < TIE_GAP, f"greedy ids split at step {k} where the logits are no near-tie ({gap:.3g})"
 
     def test_sampling_is_seeded_per_request(self, backend):
-        """Refused: measured here (benchmarks/vllm_capture_sampling.py), vLLM's capture engine samples
+        """Refused: measured here (engines/vllm_capture_sampling.py), vLLM's capture engine samples
         runs of the drafted token ([19556] * 12 where the plain engine samples [19556, 17, 15107, ...]
         from the same seeds), so sampled builds would silently hold responses the target would not
         give (docs/build.md)."""

@@ -10,12 +10,12 @@ whether a rerun repeats itself, and the share of sampled tokens equal to the tok
 Runs **in the vLLM venv** (it imports vLLM), from the repository root::
 
     OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
-        .venv-vllm/bin/python benchmarks/vllm_capture_sampling.py
+        .venv-vllm/bin/python engines/vllm_capture_sampling.py
 
 Measured here (vLLM 0.32.0): ``RESULT capture_rerun_equal=False capture_repeats=0.59
 plain_rerun_equal=True plain_repeats=0.00`` (the capture engine sampled ``[19556] * 12`` where the
-plain one sampled ``[19556, 17, 15107, 230, ...]``). Ends with one ``RESULT key=value ...`` line. ``--quick`` is the default size (~2 min,
-two engine starts).
+plain one sampled ``[19556, 17, 15107, 230, ...]``). Ends with one ``RESULT key=value ...`` line. About 2 minutes here (two engine starts): a
+correctness probe kept beside the vLLM rig, not a speed benchmark.
 """
 
 from __future__ import annotations
