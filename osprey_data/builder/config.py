@@ -24,7 +24,7 @@ __all__ = ["BuildConfig", "BACKEND_NAMES", "CONTENT_FIELDS", "OVERFLOW_POLICIES"
 
 # The backends by name; osprey_data.builder.backends.BACKENDS maps them to classes (which import
 # torch), so a config is checked without loading any backend.
-BACKEND_NAMES = ("hf", "sglang")
+BACKEND_NAMES = ("hf", "sglang", "vllm")
 OVERFLOW_POLICIES = ("truncate", "skip")
 ON_ERROR_POLICIES = ("raise", "skip")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "bf16-autocast")  # = target_model.PRECISIONS
@@ -48,7 +48,7 @@ class BuildConfig:
     out: str
     """Store location: a directory or an fsspec URL (``memory://``, ``s3://``)."""
     backend: str = field(default="hf", metadata={"choices": BACKEND_NAMES})
-    """Engine that runs the target: ``hf`` (transformers) or ``sglang``."""
+    """Engine that runs the target: ``hf`` (transformers), ``sglang`` or ``vllm`` (vLLM's venv, see docs/build.md)."""
     regenerate: bool = True
     """Replace assistant turns by the target's own responses (else teacher-force given ones)."""
     max_new_tokens: int = 512
@@ -90,7 +90,7 @@ class BuildConfig:
     """Target precision (``osprey_data.target_model.precision``): weights dtype, or ``bf16-autocast``
     (float32 weights, bf16 matmuls); ``auto`` is bfloat16 on CUDA and on a CPU with bf16 matrix
     units (AMX/AVX512-BF16; prepacked linears), float32 on other CPUs; ``--backend sglang`` on CPU
-    runs bfloat16 only. The store header records the resolved name."""
+    runs bfloat16 only, ``--backend vllm`` float32 or bfloat16. The store header records the resolved name."""
     num_workers: int | None = None
     """Total independent workers writing this store (default: WORLD_SIZE or 1)."""
     worker_index: int | None = None
