@@ -41,6 +41,26 @@ def naive_greedy(model, prompt_ids, stop_ids, max_new_tokens):
     return out, "length", None
 
 
+def assert_same_greedy_ids_up_to_near_ties(backend, other, prompts, *, tie_gap, max_new_tokens=12):
+    """``backend`` and ``other`` (another backend at the same precision) decode ``prompts`` (token id
+    lists) greedily to the same ids, stop and finish reason; where they split, the float32
+    reference must see a near-tie (log-prob gap < ``tie_gap``) between the two tokens."""
+    ref = reference_model(backend)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    got = backend.generate([GenerationRequest(tuple(p), seed=0) for p in prompts], params)
+    want = other.generate([GenerationRequest(tuple(p), seed=0) for p in prompts], params)
+    for p, g, w in zip(prompts, got, want, strict=True):
+        a, b = g.generated_ids, w.generated_ids
+        k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), None)
+        if k is None:
+            assert a == b and (g.finish_reason, g.stop_token_id) == (w.finish_reason, w.stop_token_id)
+            continue
+        with torch.no_grad():
+            lp_V = torch.log_softmax(ref(input_ids=torch.tensor([p + a[:k]])).logits[0, -1].float(), dim=-1)
+        gap = float(lp_V[a[k]] - lp_V[b[k]])
+        assert abs(gap) < tie_gap, f"greedy ids split at step {k} where the logits are no near-tie ({gap:.3g})"
+
+
 class BackendContract:
     """Shared tests; ``backend`` is a loaded TargetBackend."""
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from osprey_data.builder.backends import GenerationRequest, HFBackend, SamplingParams
+from osprey_data.builder.backends import HFBackend
 from osprey_data.builder.backends.sglang import SGLangBackend, sglang_available
 from osprey_data.builder.config import BuildConfig
 from osprey_data.builder.verify import VerifyConfig
@@ -22,7 +22,8 @@ from osprey_data.builder.verify import run as verify
 from osprey_data.builder.verify_compare import DTYPE_HIDDEN_REL, DTYPE_TIE_GAP, bars_for, compare_hidden, compare_topk
 from osprey_data.errors import BackendUnavailableError, ConfigError
 from osprey_data.store import StoreReader
-from tests.data.builder.backend_contract import PROMPTS, BackendContract, reference_model
+from tests.data.builder.backend_contract import (PROMPTS, BackendContract, assert_same_greedy_ids_up_to_near_ties,
+                                                 reference_model)
 from tests.helpers.tiny import make_tiny_llama
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -104,21 +105,7 @@ class TestSGLangContract(BackendContract):
 
     def test_greedy_generation_matches_naive_decoding(self, backend, hf_bf16):
         """Same ids as the HF backend at the same precision, up to the first near-tie."""
-        ref = reference_model(backend)
-        prompts = [_ids(backend, p) for p in PROMPTS]
-        params = SamplingParams(max_new_tokens=12)
-        got = backend.generate([GenerationRequest(tuple(p), seed=0) for p in prompts], params)
-        want = hf_bf16.generate([GenerationRequest(tuple(p), seed=0) for p in prompts], params)
-        for p, g, w in zip(prompts, got, want):
-            a, b = g.generated_ids, w.generated_ids
-            k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), None)
-            if k is None:
-                assert a == b and (g.finish_reason, g.stop_token_id) == (w.finish_reason, w.stop_token_id)
-                continue
-            with torch.no_grad():  # the split must be a near-tie of the float32 reference
-                lp_V = torch.log_softmax(ref(input_ids=torch.tensor([p + a[:k]])).logits[0, -1].float(), dim=-1)
-            gap = float(lp_V[a[k]] - lp_V[b[k]])
-            assert abs(gap) < TIE_GAP, f"greedy ids split at step {k} where the logits are no near-tie ({gap:.3g})"
+        assert_same_greedy_ids_up_to_near_ties(backend, hf_bf16, [_ids(backend, p) for p in PROMPTS], tie_gap=TIE_GAP)
 
     @pytest.mark.xfail(strict=True, reason="measured on SGLang's CPU engine (jul20 snapshot): the same requests with "
                        "the same sampling_seed sample different tokens on a rerun; stores built with "

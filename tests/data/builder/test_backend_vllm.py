@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from osprey_data.builder.backends import BACKENDS, GenerationRequest, HFBackend, SamplingParams
 from osprey_data.builder.backends.vllm import VLLMBackend
@@ -30,7 +29,7 @@ from osprey_data.builder.verify_compare import DTYPE_TIE_GAP, bars_for, compare_
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model.fetch import fetch_smollm2
-from tests.data.builder.backend_contract import PROMPTS, BackendContract, reference_model
+from tests.data.builder.backend_contract import (PROMPTS, BackendContract, assert_same_greedy_ids_up_to_near_ties)
 from tests.data.conftest import PROMPTS as RECORDS
 from tests.data.conftest import write_jsonl
 
@@ -106,21 +105,7 @@ class TestVLLMContract(BackendContract):
 
     def test_greedy_generation_matches_naive_decoding(self, backend, hf):
         """Same ids as the HF backend at the same precision, up to the first near-tie."""
-        ref = reference_model(backend)
-        prompts = [_ids(backend, p) for p in PROMPTS]
-        params = SamplingParams(max_new_tokens=12)
-        got = backend.generate([GenerationRequest(tuple(p), seed=0) for p in prompts], params)
-        want = hf.generate([GenerationRequest(tuple(p), seed=0) for p in prompts], params)
-        for p, g, w in zip(prompts, got, want):
-            a, b = g.generated_ids, w.generated_ids
-            k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), None)
-            if k is None:
-                assert a == b and (g.finish_reason, g.stop_token_id) == (w.finish_reason, w.stop_token_id)
-                continue
-            with torch.no_grad():  # the split must be a near-tie of the float32 reference
-                lp_V = torch.log_softmax(ref(input_ids=torch.tensor([p + a[:k]])).logits[0, -1].float(), dim=-1)
-            gap = float(lp_V[a[k]] - lp_V[b[k]])
-            assert abs(gap) < TIE_GAP, f"greedy ids split at step {k} where the logits are no near-tie ({gap:.3g})"
+        assert_same_greedy_ids_up_to_near_ties(backend, hf, [_ids(backend, p) for p in PROMPTS], tie_gap=TIE_GAP)
 
     def test_sampling_is_seeded_per_request(self, backend):
         """Refused: measured here (engines/vllm_capture_sampling.py), vLLM's capture engine samples
