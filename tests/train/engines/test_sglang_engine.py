@@ -33,16 +33,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from osprey_train.engines.compare import first_difference
 from osprey_train.engines.engine_eval import EngineEvalConfig
 from osprey_train.engines.engine_eval import run as engine_eval
-from osprey_train.models import load_drafter, save_drafter
-from osprey_train.stages.configs import ConvertConfig
-from osprey_train.stages.convert import run as convert
-from osprey_train.stages.prune import PruneConfig
-from osprey_train.stages.prune import run as prune
+from tests.helpers.engine_drafters import whole_target_osprey
 from tests.helpers.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.sglang_cpu
@@ -59,15 +54,8 @@ def drafter(tmp_path_factory, tiny_tokenizer):
 
     work = tmp_path_factory.mktemp("sglang_engine")
     target = make_tiny_llama(work / "target", tiny_tokenizer, hidden_size=256)
-    torch.manual_seed(0)
-    full = prune(PruneConfig(source=str(target), layers=6, out=work / "full")).out
-    init = convert(ConvertConfig(arch="osprey", backbone=full, target=str(target), taps=TAPS, out=work / "osp0")).out
-    osprey = load_drafter(init)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for block in osprey.extra_column_blocks():
-            block.copy_(torch.randn(block.shape, generator=generator) * 0.005)
-    return {"work": work, "target": target, "drafter": save_drafter(osprey, work / "osprey"),
+    return {"work": work, "target": target,
+            "drafter": whole_target_osprey(target, work, layers=6, noise=0.005, taps=TAPS),
             "inputs": write_jsonl(work / "prompts.jsonl", PROMPTS[:NUM_PROMPTS])}
 
 

@@ -46,7 +46,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from osprey_data.builder import BuildConfig
 from osprey_data.builder.runner import run as build_store
@@ -60,11 +59,10 @@ from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.live_prompts import load_prompts
 from osprey_train.export import ExportConfig
 from osprey_train.export import run as export_run
-from osprey_train.models import load_drafter, save_drafter
+from osprey_train.models import load_drafter
 from osprey_train.stages.configs import ConvertConfig
 from osprey_train.stages.convert import run as convert
-from osprey_train.stages.prune import PruneConfig
-from osprey_train.stages.prune import run as prune
+from tests.helpers.engine_drafters import whole_target_osprey
 from tests.helpers.tiny import make_tiny_llama
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
@@ -86,15 +84,7 @@ def setup(tmp_path_factory, tiny_tokenizer):
     build_store(BuildConfig(target=str(target), inputs=(str(inputs),), out=str(store), max_new_tokens=NEW_TOKENS,
                             temperature=0.0, layers=TAPS, last_turn_only=True, dtype="float32", device="cpu",
                             topk=8, batch_size=4, progress=False))
-    torch.manual_seed(0)
-    full = prune(PruneConfig(source=str(target), layers=6, out=work / "full")).out
-    init = convert(ConvertConfig(arch="osprey", backbone=full, target=str(target), taps=TAPS, out=work / "osp0")).out
-    osprey = load_drafter(init)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for block in osprey.extra_column_blocks():
-            block.copy_(torch.randn(block.shape, generator=generator) * 0.005)
-    drafters = {"osprey": save_drafter(osprey, work / "osprey"),
+    drafters = {"osprey": whole_target_osprey(target, work, layers=6, noise=0.005, taps=TAPS),
                 "eagle3": convert(ConvertConfig(arch="eagle3", target=str(target), store=str(store),
                                                 draft_vocab_size=128, out=work / "eagle3")).out}
     return {"work": work, "target": target, "inputs": inputs, "store": store, "drafters": drafters}

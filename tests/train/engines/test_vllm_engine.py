@@ -38,14 +38,12 @@ from osprey_train.engines.engine_eval import EngineEvalConfig
 from osprey_train.engines.engine_eval import run as engine_eval
 from osprey_train.export import ExportConfig
 from osprey_train.export import run as export_run
-from osprey_train.models import load_drafter, save_drafter
 from osprey_train.stages.configs import ConvertConfig, DistillConfig
 from osprey_train.stages.convert import run as convert
 from osprey_train.stages.defaults import distill_optim
 from osprey_train.stages.distill import run as distill
-from osprey_train.stages.prune import PruneConfig
-from osprey_train.stages.prune import run as prune
 from osprey_train.trainer import LoopConfig
+from tests.helpers.engine_drafters import whole_target_osprey
 
 pytestmark = pytest.mark.engine
 
@@ -78,17 +76,8 @@ def setup(tmp_path_factory):
     work = tmp_path_factory.mktemp("engine")
     target = fetch_smollm2()
     eval_prompts, train_prompts = _split_prompts(work)
-    torch.manual_seed(0)
-
     # Osprey: the whole target as the backbone, conditioning switched on with seeded noise
-    full = prune(PruneConfig(source=str(target), layers=30, out=work / "full")).out
-    init = convert(ConvertConfig(arch="osprey", backbone=full, target=str(target), out=work / "osprey-init")).out
-    osprey = load_drafter(init)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for block in osprey.extra_column_blocks():
-            block.copy_(torch.randn(block.shape, generator=generator) * NOISE)
-    osprey_dir = save_drafter(osprey, work / "osprey")
+    osprey_dir = whole_target_osprey(target, work, layers=30, noise=NOISE)
 
     # EAGLE-3: a reduced draft vocabulary (d2t), briefly distilled
     store = work / "train-store"
