@@ -25,6 +25,7 @@ Usage::
     python benchmarks/sampled_acceptance_bench.py --quick
     python benchmarks/sampled_acceptance_bench.py --drafter osprey-demo/work/stages/distill-*/run/final \\
         --prompts osprey_train/demo/prompts.jsonl --limit 16 --seeds 4 --replicas 4 --max-new-tokens 48
+    # the committed SmolLM2 validation: docs/results/sampled-acceptance/README.md (resumable: --work/results/)
 """
 
 from __future__ import annotations
@@ -87,6 +88,46 @@ def offline(drafter_dir: Path, store: Path, temperature: float, steps: int) -> d
     return {"al": rep.overall, "ci": sm["ci95"], "tail": sm["tail_bounds"], "per_position": rep.per_position,
             "per_position_ci": sm["per_position_ci95"], "samples": rep.num_samples, "tokens": rep.num_tokens,
             "outside_topk": sm["outside_topk"], "factors": sm["factors"], "seconds": time.perf_counter() - t0}
+
+
+def exact_target(drafter_dir: Path, target: Path, store: Path, temperature: float, steps: int) -> dict:
+    """Diagnostic, not offline: the same estimator with the target's EXACT full-vocabulary probabilities.
+
+    The target is run (teacher-forced) over every stored sample and its whole temperature-1 softmax
+    replaces the stored top-k, so no factor is uncertain: what is left of offline - live is the
+    estimator's own error plus noise; what separates this from the offline figure is the top-k tail.
+    """
+    import torch
+
+    from osprey_data.store import StoreReader
+    from osprey_data.target_model import load_hf_target
+    from osprey_train.evaluation.sampled_acceptance import (
+        SampledTally,
+        acceptance_factors,
+        draft_path_probs,
+        expected_rounds,
+    )
+    from osprey_train.models import load_drafter
+
+    reader = StoreReader(str(store))
+    drafter = load_drafter(drafter_dir, device="cpu").eval()
+    model, _ = load_hf_target(str(target), device="cpu")
+    tally = SampledTally(steps=steps)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i in range(len(reader)):
+            smp = reader.sample(i, as_torch=True)
+            ids_T = smp.token_ids.long()
+            lp_TV = torch.log_softmax(model(ids_T[None]).logits[0].double(), -1).float()
+            top_lp, top_ids = lp_TV.sort(-1, descending=True)
+            q_PS = draft_path_probs(drafter, smp.token_ids, smp.hidden_TLD.float(), steps, temperature)
+            lo, hi, _, _ = acceptance_factors(q_PS, smp.token_ids, top_ids, top_lp, temperature, lp_TV.shape[-1],
+                                              smp.prompt_length)
+            tally.add(smp.domain, expected_rounds(lo, hi, int(ids_T.shape[0]), smp.prompt_length, steps))
+    fig = SampledTally.figures(tally.all())
+    pos, pos_ci = tally.per_position()
+    return {"al": fig["acceptance_length"], "ci": fig["ci95"], "per_position": pos, "per_position_ci": pos_ci,
+            "seconds": time.perf_counter() - t0}
 
 
 def live(drafter_dir: Path, target: Path, store: Path, temperature: float, steps: int, args) -> dict:
@@ -220,6 +261,8 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0.7,1.0")
     ap.add_argument("--store-seed", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=8, help="store build batch")
+    ap.add_argument("--exact-target-check", action="store_true",
+                    help="also the estimator with the target's exact full-vocabulary probabilities (diagnostic)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("runs/sampled_bench"))
     ap.add_argument("--out", type=Path, default=Path("runs/sampled_bench/out"))
@@ -269,6 +312,13 @@ def main() -> None:
             save_checkpoint(part, off)
         log(f"T={temperature:g}: offline AL {off['al']:.4f} CI {off['ci']} in {off['seconds']:.1f} s")
         liv = live(drafter_dir, target, store, temperature, args.steps, args)
+        exact = None
+        if args.exact_target_check:
+            part = checkpoint(args, f"exact-t{temperature:g}", drafter_dir, store, args.steps)
+            exact = load_checkpoint(part)
+            if exact is None:
+                exact = exact_target(drafter_dir, target, store, temperature, args.steps)
+                save_checkpoint(part, exact)
         log(f"T={temperature:g}: live AL {liv['al']:.4f} CI {liv['ci']} over {liv['runs']} runs in {liv['seconds']:.1f} s")
         comb = math.hypot(half(off["ci"]), half(liv["ci"]))
         ratio = (liv["seconds"] * half(liv["ci"]) ** 2) / max(off["seconds"] * half(off["ci"]) ** 2, 1e-12)
@@ -286,7 +336,8 @@ def main() -> None:
                      "diff": off["al"] - liv["al"], "combined_half_width": comb,
                      "agree": abs(off["al"] - liv["al"]) <= comb,
                      "offline_in_live_ci": liv["ci"][0] <= off["al"] <= liv["ci"][1],
-                     "cost_ratio": ratio, "cost_ratio_with_build": ratio_build, "per_position": pos})
+                     "cost_ratio": ratio, "cost_ratio_with_build": ratio_build, "per_position": pos,
+                     "exact_target": exact})
     if args.build_only:
         return
     write_table(rows, args, n_prompts, target, drafter_dir)
@@ -325,6 +376,18 @@ def write_table(rows, args, n_prompts, target, drafter_dir) -> None:
             lines.append(f"| {r['temperature']:g} | {s + 1} | {p['offline']:.3f} {ci(p['offline_ci'])} | "
                          f"{p['live']:.3f} {ci(p['live_ci'])} | {'yes' if p['agree'] else 'NO'} "
                          f"| {'yes' if p['offline_in_live_ci'] else 'no'} |")
+    exact_rows = [r for r in rows if r.get("exact_target")]
+    if exact_rows:
+        lines += ["", "Diagnostic (not offline): the estimator on the same stored samples with the target's exact "
+                  "full-vocabulary probabilities (teacher-forced target) instead of the stored top-k:", "",
+                  "| T | AL (CI) | in live CI | " + " | ".join(f"position {s + 1}" for s in range(args.steps)) + " |",
+                  "|---|---|---|" + "---|" * args.steps]
+        for r in exact_rows:
+            e = r["exact_target"]
+            inside = r["live"]["ci"][0] <= e["al"] <= r["live"]["ci"][1]
+            lines.append(f"| {r['temperature']:g} | {e['al']:.3f} {ci(e['ci'])} | {'yes' if inside else 'no'} | "
+                         + " | ".join(f"{v:.3f} {ci(c)}" for v, c in zip(e["per_position"], e["per_position_ci"]))
+                         + " |")
     lines += ["", "Samples: " + "; ".join(
         f"T={r['temperature']:g}: offline {r['offline']['samples']} stored samples / {r['offline']['tokens']} tokens "
         f"({r['offline']['outside_topk']} of {r['offline']['factors']} judged tokens outside the top-k), "
