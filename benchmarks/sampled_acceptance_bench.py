@@ -25,6 +25,7 @@ Usage::
     python benchmarks/sampled_acceptance_bench.py --quick
     python benchmarks/sampled_acceptance_bench.py --drafter osprey-demo/work/stages/distill-*/run/final \\
         --prompts osprey_train/demo/prompts.jsonl --limit 16 --seeds 4 --replicas 4 --max-new-tokens 48
+    # the committed SmolLM2 validation: docs/results/sampled-acceptance/README.md (resumable: --work/results/)
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def replicated_prompts(src: Path, out: Path, limit: int, replicas: int) -> int:
             if by_domain[d] and len(picked) < limit:
                 picked.append(by_domain[d].pop(0))
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
-        for k in range(replicas):
-            for r in picked:
-                f.write(json.dumps({**r, "id": f"{r['id']}~r{k}"}) + "\n")
+    text = "".join(json.dumps({**r, "id": f"{r['id']}~r{k}"}) + "\n" for k in range(replicas) for r in picked)
+    if not out.is_file() or out.read_text() != text:  # rewritten only when it changes, atomically: one run per
+        tmp = out.with_suffix(".tmp")                 # temperature may share --work with another running
+        tmp.write_text(text)
+        tmp.replace(out)
     return len(picked)
 
 
@@ -70,7 +72,7 @@ def build_store(target: Path, prompts: Path, out: Path, temperature: float, args
     t0 = time.perf_counter()
     build(BuildConfig(inputs=(str(prompts),), out=str(out), target=str(target), backend="hf", regenerate=True,
                       max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=1.0, seed=args.store_seed,
-                      topk=args.topk, hidden_codec="bf16-blosc", batch_size=8, device="cpu", dtype="float32",
+                      topk=args.topk, hidden_codec="bf16-blosc", batch_size=args.batch_size, device="cpu", dtype="float32",
                       max_length=1024, progress=False, num_workers=1, worker_index=0,
                       layers=tuple(args.layers) if args.layers else None))
     return time.perf_counter() - t0
@@ -86,6 +88,46 @@ def offline(drafter_dir: Path, store: Path, temperature: float, steps: int) -> d
     return {"al": rep.overall, "ci": sm["ci95"], "tail": sm["tail_bounds"], "per_position": rep.per_position,
             "per_position_ci": sm["per_position_ci95"], "samples": rep.num_samples, "tokens": rep.num_tokens,
             "outside_topk": sm["outside_topk"], "factors": sm["factors"], "seconds": time.perf_counter() - t0}
+
+
+def exact_target(drafter_dir: Path, target: Path, store: Path, temperature: float, steps: int) -> dict:
+    """Diagnostic, not offline: the same estimator with the target's EXACT full-vocabulary probabilities.
+
+    The target is run (teacher-forced) over every stored sample and its whole temperature-1 softmax
+    replaces the stored top-k, so no factor is uncertain: what is left of offline - live is the
+    estimator's own error plus noise; what separates this from the offline figure is the top-k tail.
+    """
+    import torch
+
+    from osprey_data.store import StoreReader
+    from osprey_data.target_model import load_hf_target
+    from osprey_train.evaluation.sampled_acceptance import (
+        SampledTally,
+        acceptance_factors,
+        draft_path_probs,
+        expected_rounds,
+    )
+    from osprey_train.models import load_drafter
+
+    reader = StoreReader(str(store))
+    drafter = load_drafter(drafter_dir, device="cpu").eval()
+    model, _ = load_hf_target(str(target), device="cpu")
+    tally = SampledTally(steps=steps)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i in range(len(reader)):
+            smp = reader.sample(i, as_torch=True)
+            ids_T = smp.token_ids.long()
+            lp_TV = torch.log_softmax(model(ids_T[None]).logits[0].double(), -1).float()
+            top_lp, top_ids = lp_TV.sort(-1, descending=True)
+            q_PS = draft_path_probs(drafter, smp.token_ids, smp.hidden_TLD.float(), steps, temperature)
+            lo, hi, _, _ = acceptance_factors(q_PS, smp.token_ids, top_ids, top_lp, temperature, lp_TV.shape[-1],
+                                              smp.prompt_length)
+            tally.add(smp.domain, expected_rounds(lo, hi, int(ids_T.shape[0]), smp.prompt_length, steps))
+    fig = SampledTally.figures(tally.all())
+    pos, pos_ci = tally.per_position()
+    return {"al": fig["acceptance_length"], "ci": fig["ci95"], "per_position": pos, "per_position_ci": pos_ci,
+            "seconds": time.perf_counter() - t0}
 
 
 def live(drafter_dir: Path, target: Path, store: Path, temperature: float, steps: int, args) -> dict:
@@ -113,23 +155,69 @@ def live(drafter_dir: Path, target: Path, store: Path, temperature: float, steps
     target_session = HFTargetSession(model, drafter.config.tap_layers.layer_ids)
     tokens, rounds = [], []
     reached, hits = [[] for _ in range(steps)], [[] for _ in range(steps)]
-    t0 = time.perf_counter()
+    seconds = 0.0
     for seed in range(args.seeds):
-        gen = torch.Generator().manual_seed(1000 + seed)
-        for ids in prompts:
-            res = speculative_generate(target_session, session, ids, num_steps=steps,
-                                       max_new_tokens=args.max_new_tokens, temperature=temperature, eos_ids=eos,
-                                       generator=gen)
-            tokens.append(float(sum(res.accept_lengths)))
-            rounds.append(float(len(res.accept_lengths)))
-            for s in range(steps):  # judged when every earlier draft was accepted (per_position_rates)
-                reached[s].append(float(sum(1 for a, c in zip(res.accepted, res.drafted) if s < min(a + 1, c))))
-                hits[s].append(float(sum(1 for a, c in zip(res.accepted, res.drafted) if s < min(a + 1, c) and s < a)))
-    seconds = time.perf_counter() - t0
+        # one JSON per seed, so a killed run resumes at the seed it was in (a session end kills it)
+        part = checkpoint(args, f"live-t{temperature:g}-seed{seed}", drafter_dir, store, steps)
+        got = load_checkpoint(part)
+        if got is None:
+            gen = torch.Generator().manual_seed(1000 + seed)
+            got = {"tokens": [], "rounds": [], "reached": [[] for _ in range(steps)],
+                   "hits": [[] for _ in range(steps)]}
+            t0 = time.perf_counter()
+            for ids in prompts:
+                res = speculative_generate(target_session, session, ids, num_steps=steps,
+                                           max_new_tokens=args.max_new_tokens, temperature=temperature, eos_ids=eos,
+                                           generator=gen)
+                got["tokens"].append(float(sum(res.accept_lengths)))
+                got["rounds"].append(float(len(res.accept_lengths)))
+                for s in range(steps):  # judged when every earlier draft was accepted (per_position_rates)
+                    pairs = list(zip(res.accepted, res.drafted))
+                    got["reached"][s].append(float(sum(1 for a, c in pairs if s < min(a + 1, c))))
+                    got["hits"][s].append(float(sum(1 for a, c in pairs if s < min(a + 1, c) and s < a)))
+            got["seconds"] = time.perf_counter() - t0
+            save_checkpoint(part, got)
+            log(f"T={temperature:g}: live seed {seed}: {sum(got['tokens']) / sum(got['rounds']):.3f} tokens/round "
+                f"in {got['seconds']:.1f} s")
+        tokens += got["tokens"]
+        rounds += got["rounds"]
+        for s in range(steps):
+            reached[s] += got["reached"][s]
+            hits[s] += got["hits"][s]
+        seconds += got["seconds"]
     al, lo, hi = ratio_interval(tokens, rounds)
     pos = [ratio_interval(hits[s], reached[s]) for s in range(steps)]
     return {"al": al, "ci": [lo, hi], "per_position": [p[0] for p in pos], "per_position_ci": [[p[1], p[2]] for p in pos],
             "runs": len(tokens), "prompts": len(prompts), "tokens": int(sum(tokens)), "seconds": seconds}
+
+
+def checkpoint(args, name: str, drafter_dir: Path, store: Path, steps: int) -> dict:
+    """Where one phase's result is kept, and the settings it must have been measured with to be reused."""
+    key = {"drafter": str(Path(drafter_dir).resolve()), "store": str(Path(store).resolve()), "steps": steps,
+           "max_new_tokens": args.max_new_tokens, "seeds_base": 1000, "threads": args.threads}
+    return {"path": args.work / "results" / f"{name}.json", "key": key}
+
+
+def load_checkpoint(part: dict) -> dict | None:
+    """The saved result of a phase measured with the same settings, else None (measure it again)."""
+    path = part["path"]
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    if saved.get("key") != part["key"]:
+        log(f"{path}: measured with other settings; measuring again")
+        return None
+    log(f"{path}: reused")
+    return saved["result"]
+
+
+def save_checkpoint(part: dict, result: dict) -> None:
+    """Write atomically (temp file + rename): a kill mid-write leaves no half file that looks complete."""
+    path = part["path"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"key": part["key"], "result": result}, indent=1))
+    tmp.replace(path)
 
 
 def half(ci) -> float:
@@ -172,6 +260,9 @@ def main() -> None:
     ap.add_argument("--layers", type=lambda s: [int(v) for v in s.split(",")], default=None)
     ap.add_argument("--temperatures", default="0.7,1.0")
     ap.add_argument("--store-seed", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=8, help="store build batch")
+    ap.add_argument("--exact-target-check", action="store_true",
+                    help="also the estimator with the target's exact full-vocabulary probabilities (diagnostic)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("runs/sampled_bench"))
     ap.add_argument("--out", type=Path, default=Path("runs/sampled_bench/out"))
@@ -214,9 +305,20 @@ def main() -> None:
             build_s = float((store / "done").read_text())
         if args.build_only:
             continue
-        off = offline(drafter_dir, store, temperature, args.steps)
+        part = checkpoint(args, f"offline-t{temperature:g}", drafter_dir, store, args.steps)
+        off = load_checkpoint(part)
+        if off is None:
+            off = offline(drafter_dir, store, temperature, args.steps)
+            save_checkpoint(part, off)
         log(f"T={temperature:g}: offline AL {off['al']:.4f} CI {off['ci']} in {off['seconds']:.1f} s")
         liv = live(drafter_dir, target, store, temperature, args.steps, args)
+        exact = None
+        if args.exact_target_check:
+            part = checkpoint(args, f"exact-t{temperature:g}", drafter_dir, store, args.steps)
+            exact = load_checkpoint(part)
+            if exact is None:
+                exact = exact_target(drafter_dir, target, store, temperature, args.steps)
+                save_checkpoint(part, exact)
         log(f"T={temperature:g}: live AL {liv['al']:.4f} CI {liv['ci']} over {liv['runs']} runs in {liv['seconds']:.1f} s")
         comb = math.hypot(half(off["ci"]), half(liv["ci"]))
         ratio = (liv["seconds"] * half(liv["ci"]) ** 2) / max(off["seconds"] * half(off["ci"]) ** 2, 1e-12)
@@ -227,12 +329,15 @@ def main() -> None:
             c = math.hypot(half(off["per_position_ci"][s]), half(liv["per_position_ci"][s]))
             pos.append({"offline": off["per_position"][s], "offline_ci": off["per_position_ci"][s],
                         "live": liv["per_position"][s], "live_ci": liv["per_position_ci"][s],
-                        "agree": abs(off["per_position"][s] - liv["per_position"][s]) <= c})
+                        "agree": abs(off["per_position"][s] - liv["per_position"][s]) <= c,
+                        "offline_in_live_ci": liv["per_position_ci"][s][0] <= off["per_position"][s]
+                        <= liv["per_position_ci"][s][1]})
         rows.append({"temperature": temperature, "offline": off, "live": liv, "build_seconds": build_s,
                      "diff": off["al"] - liv["al"], "combined_half_width": comb,
                      "agree": abs(off["al"] - liv["al"]) <= comb,
                      "offline_in_live_ci": liv["ci"][0] <= off["al"] <= liv["ci"][1],
-                     "cost_ratio": ratio, "cost_ratio_with_build": ratio_build, "per_position": pos})
+                     "cost_ratio": ratio, "cost_ratio_with_build": ratio_build, "per_position": pos,
+                     "exact_target": exact})
     if args.build_only:
         return
     write_table(rows, args, n_prompts, target, drafter_dir)
@@ -255,20 +360,34 @@ def write_table(rows, args, n_prompts, target, drafter_dir) -> None:
              f"offline: {args.replicas} stored samples per prompt (top-{args.topk}); live: {args.seeds} seeds per prompt; "
              f"CPU, {args.threads} thread(s). 95% intervals.", "",
              "| T | offline AL (CI) | tail bounds | live AL (CI) | offline - live | combined half-width | agree | "
-             "offline s | live s | store build s | cost ratio (with build) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "offline inside live CI | offline s | live s | store build s | cost ratio (with build) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         o, v = r["offline"], r["live"]
         lines.append(f"| {r['temperature']:g} | {o['al']:.3f} {ci(o['ci'])} | {ci(o['tail'])} | {v['al']:.3f} {ci(v['ci'])} "
                      f"| {r['diff']:+.3f} | {r['combined_half_width']:.3f} | {'yes' if r['agree'] else 'NO'} "
+                     f"| {'yes' if r['offline_in_live_ci'] else 'no'} "
                      f"| {o['seconds']:.1f} | {v['seconds']:.1f} | {r['build_seconds']:.1f} "
                      f"| {r['cost_ratio']:.1f} ({r['cost_ratio_with_build']:.2f}) |")
     lines += ["", "Per draft position (conditional acceptance rate):", "",
-              "| T | position | offline (CI) | live (CI) | agree |", "|---|---|---|---|---|"]
+              "| T | position | offline (CI) | live (CI) | agree | offline inside live CI |", "|---|---|---|---|---|---|"]
     for r in rows:
         for s, p in enumerate(r["per_position"]):
             lines.append(f"| {r['temperature']:g} | {s + 1} | {p['offline']:.3f} {ci(p['offline_ci'])} | "
-                         f"{p['live']:.3f} {ci(p['live_ci'])} | {'yes' if p['agree'] else 'NO'} |")
+                         f"{p['live']:.3f} {ci(p['live_ci'])} | {'yes' if p['agree'] else 'NO'} "
+                         f"| {'yes' if p['offline_in_live_ci'] else 'no'} |")
+    exact_rows = [r for r in rows if r.get("exact_target")]
+    if exact_rows:
+        lines += ["", "Diagnostic (not offline): the estimator on the same stored samples with the target's exact "
+                  "full-vocabulary probabilities (teacher-forced target) instead of the stored top-k:", "",
+                  "| T | AL (CI) | in live CI | " + " | ".join(f"position {s + 1}" for s in range(args.steps)) + " |",
+                  "|---|---|---|" + "---|" * args.steps]
+        for r in exact_rows:
+            e = r["exact_target"]
+            inside = r["live"]["ci"][0] <= e["al"] <= r["live"]["ci"][1]
+            lines.append(f"| {r['temperature']:g} | {e['al']:.3f} {ci(e['ci'])} | {'yes' if inside else 'no'} | "
+                         + " | ".join(f"{v:.3f} {ci(c)}" for v, c in zip(e["per_position"], e["per_position_ci"]))
+                         + " |")
     lines += ["", "Samples: " + "; ".join(
         f"T={r['temperature']:g}: offline {r['offline']['samples']} stored samples / {r['offline']['tokens']} tokens "
         f"({r['offline']['outside_topk']} of {r['offline']['factors']} judged tokens outside the top-k), "

@@ -116,9 +116,12 @@ def acceptance_factors(q_PS: Tensor, token_ids_T: Tensor, topk_ids_TK: Tensor, t
         judged_S[k] = max(rows - first, 0)
         q_R = q_PS[:rows, k]
         lo_R, hi_R = p_lo_T[1 + k:1 + k + rows], p_hi_T[1 + k:1 + k + rows]
-        # min(1, q/p) falls as p grows; p = 0 (unknown tail token) or q >= p -> 1; q = 0 -> 0
+        # min(1, q/p) falls as p grows; q >= p -> 1. The stored token was sampled from the target, so its
+        # true p > 0 even where its bound p_lo is 0 (a tail token): q = 0 (e.g. outside a reduced draft
+        # vocabulary) gives exactly 0, not the [0, 1] a zero p_lo would suggest.
         r_lo_PS[:rows, k] = torch.where(q_R >= hi_R, torch.ones_like(q_R), q_R / hi_R.clamp_min(1e-300))
-        r_hi_PS[:rows, k] = torch.where(q_R >= lo_R, torch.ones_like(q_R), q_R / lo_R.clamp_min(1e-300))
+        r_hi_PS[:rows, k] = torch.where(q_R <= 0, torch.zeros_like(q_R),
+                                        torch.where(q_R >= lo_R, torch.ones_like(q_R), q_R / lo_R.clamp_min(1e-300)))
         outside_S[k] = int((~inside_T[1 + k + first:1 + k + rows]).sum())
     return r_lo_PS, r_hi_PS, outside_S, judged_S
 

@@ -200,6 +200,25 @@ def test_truncated_topk_bounds_contain_the_exact_figure():
         assert cut["hi"] > cut["lo"]  # the tail is really uncertain at K = 2 of 3
 
 
+def test_tail_token_the_drafter_cannot_draft_is_rejected_exactly():
+    """A stored token outside the top-k has p in (0, p_K]: with q = 0 (outside a reduced draft vocabulary)
+    r = min(1, q/p) is exactly 0, not uncertain in [0, 1] (which a midpoint would count as 1/2)."""
+    V_, K = 10, 3
+    logits_TV = torch.randn(5, V_, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    top_lp, top_ids = torch.log_softmax(logits_TV, -1).float().topk(K, -1)
+    outside = [v for v in range(V_) if v not in top_ids[1].tolist()][0]  # row 1 describes token 2
+    tokens = torch.tensor([0, 1, outside, 3, 4])
+    q_PS = torch.tensor([[0.0], [0.3], [0.2], [0.0]], dtype=torch.float64)  # slot 0 step 0 judges token 2
+    for temperature in (0.7, 1.0):
+        lo, hi, outside_S, _ = acceptance_factors(q_PS, tokens, top_ids, top_lp, temperature, V_, 1)
+        assert outside_S[0] >= 1
+        assert lo[0, 0] == 0.0 and hi[0, 0] == 0.0
+        q2 = q_PS.clone()
+        q2[0, 0] = 1e-4  # q > 0 outside the top-k: genuinely uncertain, up to 1
+        lo2, hi2, _, _ = acceptance_factors(q2, tokens, top_ids, top_lp, temperature, V_, 1)
+        assert 0.0 < lo2[0, 0] < hi2[0, 0] == 1.0
+
+
 def test_tempered_target_bounds():
     g = torch.Generator().manual_seed(0)
     logits_NV = torch.randn(6, 50, generator=g, dtype=torch.float64) * 2
