@@ -2,7 +2,7 @@
 
 Run as ``python -m osprey_train.engines.sglang_driver REQUEST.json RESULT.json`` by
 :func:`osprey_train.engines.rig.run_driver`; like :mod:`vllm_driver` it imports only the standard
-library and SGLang, and reads the same request: the target, the dtype, the prompts as token ids,
+library, :mod:`driver_io` and SGLang, and reads the same request: the target, the dtype, the prompts as token ids,
 the stop ids, the budget, the engine's keyword arguments (device, attention backend, ... chosen
 on our side, :func:`osprey_train.engines.engine_eval.sglang_engine_kwargs`) and a list of *runs*,
 each one ``sglang.Engine`` with or without ``speculative_*`` arguments. In each run the prompts are
@@ -31,11 +31,11 @@ version trim it while ``completion_tokens`` counts it.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import time
+
+from osprey_train.engines.driver_io import serve
 
 __all__ = ["main", "per_request_counters"]
 
@@ -100,22 +100,7 @@ def _one_run(run: dict, request: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     """Read the request, run every engine configuration in turn, write the result."""
-    request_path, result_path = argv
-    with open(request_path, encoding="utf-8") as f:
-        request = json.load(f)
-    import sglang
-    import torch
-
-    torch.set_num_threads(int(request.get("threads", 1)))
-    result = {"engine_version": sglang.__version__, "torch_version": torch.__version__, "runs": []}
-    for run in request["runs"]:
-        print(f"[osprey sglang driver] run {run['name']}", flush=True)
-        result["runs"].append(_one_run(run, request))
-    tmp = result_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    os.replace(tmp, result_path)  # a result file is complete or absent
-    return 0
+    return serve(argv, engine="sglang", version_key="engine_version", one_run=_one_run)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The script that runs inside the vLLM venv: greedy decoding of token-id prompts, vLLM's own counters.
 
 Run as ``python -m osprey_train.engines.vllm_driver REQUEST.json RESULT.json`` by
-:func:`osprey_train.engines.rig.run_driver`; it imports nothing of this package but the standard
-library and vLLM (the venv holds vLLM's pins, not ours). The request names the target, the dtype,
+:func:`osprey_train.engines.rig.run_driver`; of this package it imports only the standard-library
+:mod:`driver_io` (the venv holds vLLM's pins, not ours), besides vLLM. The request names the target, the dtype,
 the prompts (token ids, rendered on our side exactly as the store builder renders them), the
 stop ids and the budget, and a list of *runs*: each run is one engine start (``LLM``) with or
 without a speculative config. In each run the prompts are decoded one at a time (single stream:
@@ -23,10 +23,10 @@ under the ``__main__`` guard at the bottom.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import sys
 import time
+
+from osprey_train.engines.driver_io import serve
 
 __all__ = ["main", "SPEC_COUNTERS"]
 
@@ -95,22 +95,7 @@ def _one_run(run: dict, request: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     """Read the request, run every engine configuration in turn, write the result."""
-    request_path, result_path = argv
-    with open(request_path, encoding="utf-8") as f:
-        request = json.load(f)
-    import torch
-    import vllm
-
-    torch.set_num_threads(int(request.get("threads", 1)))
-    result = {"vllm_version": vllm.__version__, "torch_version": torch.__version__, "runs": []}
-    for run in request["runs"]:
-        print(f"[osprey vllm driver] run {run['name']}", flush=True)
-        result["runs"].append(_one_run(run, request))
-    tmp = result_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    os.replace(tmp, result_path)  # a result file is complete or absent
-    return 0
+    return serve(argv, engine="vllm", version_key="vllm_version", one_run=_one_run)
 
 
 if __name__ == "__main__":
