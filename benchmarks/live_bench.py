@@ -25,7 +25,9 @@ Target: SmolLM2-135M-Instruct from the demo's cache (fetched from PyPI once), or
 The drafter is ``--drafter DIR``, or one built here (and cached in ``--work``): the target pruned
 to 2 blocks (no pre-training), converted with ``--draft-vocab`` from a store of the demo's
 training prompts, distilled ``--distill-steps`` TTT steps. The live prompts are the demo's
-held-out ones. Writes ``live_bench.md``, ``live_bench.png`` (predicted speedup vs acceptance
+held-out ones, or the first ``--prompts`` of ``--eval-prompts FILE`` (a conversation JSONL as
+``osprey eval live --input`` reads, taken round-robin across its domains), e.g. the held-out
+prompts a study drafter was evaluated on. Writes ``live_bench.md``, ``live_bench.png`` (predicted speedup vs acceptance
 length for S = 1..5 with the measured points) and ``live_bench.json`` to ``--out``;
 ``--cost-out FILE`` writes the costs as the project's cost model
 (:class:`osprey_train.evaluation.cost_model.CostModel`, ``schemas/cost-model.v1.json``), which
@@ -37,6 +39,7 @@ Usage::
     python benchmarks/live_bench.py --quick
     python benchmarks/live_bench.py --cost-out runs/live_bench/cost.json
     python benchmarks/live_bench.py --drafter runs/demo/work/distill/final --draft-vocab 0
+    python benchmarks/live_bench.py --precision-only --drafter DIR --eval-prompts prompts.eval.jsonl
 """
 
 from __future__ import annotations
@@ -593,6 +596,9 @@ def main() -> None:
     ap.add_argument("--train-prompts", type=int, default=None, help="built drafter: store prompts (default 64; quick 16)")
     ap.add_argument("--store-tokens", type=int, default=None, help="built drafter: response tokens (default 48; quick 24)")
     ap.add_argument("--prompts", type=int, default=None, help="held-out prompts decoded (default 5; quick 3)")
+    ap.add_argument("--eval-prompts", default=None, metavar="FILE",
+                    help="decode the first --prompts prompts of this conversation JSONL (round-robin across its "
+                         "domains) instead of the demo's held-out prompts")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 64; quick 24)")
     ap.add_argument("--repeats", type=int, default=None, help="plain-vs-generate repeats (default 2; quick 3)")
     ap.add_argument("--cost-repeats", type=int, default=None, help="cost repeats (default 15; quick 10)")
@@ -652,6 +658,11 @@ def main() -> None:
     train_records, eval_records = split_prompts(shipped_prompts(), args.train_prompts, args.prompts)
     for name, records in (("train", train_records), ("eval", eval_records)):
         (work / f"{name}_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    eval_file = work / "eval_prompts.jsonl"
+    if args.eval_prompts:
+        eval_file = Path(args.eval_prompts)
+        if not eval_file.is_file():
+            ap.error(f"--eval-prompts: no file {eval_file}")
     if args.drafter:
         drafter_dir, note = Path(args.drafter), "given"
     else:
@@ -664,7 +675,7 @@ def main() -> None:
     drafter = load_drafter(drafter_dir)
     cfg = drafter.config
     eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
-    prompts = [p.prompt_ids for p in load_prompts([str(work / "eval_prompts.jsonl")], tokenizer, limit=args.prompts)]
+    prompts = [p.prompt_ids for p in load_prompts([str(eval_file)], tokenizer, limit=args.prompts)]
     target = HFTargetSession(model, cfg.tap_layers.layer_ids)
     vocab = model.get_output_embeddings().weight.shape[0]
     session = DrafterSession(drafter, target_vocab_size=vocab)
@@ -691,6 +702,7 @@ def main() -> None:
 
     load = round(os.getloadavg()[0], 1)
     summary = {"target": target_name, "device": device, "load_avg": load, "drafter": str(drafter_dir),
+               "eval_prompts": args.eval_prompts,
                "drafter_note": note, "draft_vocab": cfg.draft_vocab_size, **plain}
     command = "python benchmarks/live_bench.py " + " ".join(sys.argv[1:])
     md = write_report(out, summary, costs, spec, overhead, cost, command)
@@ -767,9 +779,13 @@ def precision_main(args, names, target_dir, target_name, drafter_dir, note, prom
     md = out / "live_bench_precision.md"
     md.write_text("\n".join([f"# Live speculative decoding per precision ({target_name})", "", f"`{command}`", "",
                              f"Device: {device}; load average {load}; drafter: {drafter_dir} ({note}); "
-                             f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.spec_repeats} repeat(s).",
+                             f"{len(prompts)} prompts ({args.eval_prompts or 'the demo held-out prompts'}) x "
+                             f"{args.max_new_tokens} tokens, {args.spec_repeats} repeat(s).",
                              "", *precision_markdown(sweep)]), encoding="utf-8")
-    write_json(out / "live_bench_precision.json", {"load_avg": load, "device": device, "precisions": sweep})
+    write_json(out / "live_bench_precision.json", {"load_avg": load, "device": device, "command": command,
+                                                   "drafter": str(drafter_dir), "prompts": len(prompts),
+                                                   "eval_prompts": args.eval_prompts,
+                                                   "max_new_tokens": args.max_new_tokens, "precisions": sweep})
     result = {"model": target_name.split(" ")[0], "threads": args.threads, "load_avg": load, **sweep_result(sweep),
               "seconds": round(time.perf_counter() - start, 1)}
     log(f"report {md}")
