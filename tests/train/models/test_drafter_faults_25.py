@@ -63,7 +63,7 @@ def test_a_crafted_target_name_cannot_forge_readme_lines(tmp_path):
     readme = (out / "README.md").read_text()
     assert "\x1b" not in readme and "\u202e" not in readme
     assert not any(line.startswith("# Forged") for line in readme.splitlines())
-    assert "target: `/models/t'\\n# Forged heading\\x1b[31m\\u202e`." in readme
+    assert "target: `/models/t'\\n# Forged heading\\x1b[31m\\u202e`; weights: bfloat16." in readme
     assert json.loads((out / "serving.json").read_text())["target"] == crafted   # the data itself is kept
 
 
