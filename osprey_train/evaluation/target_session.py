@@ -15,6 +15,9 @@ is kept small and independent of the sequence length:
   not ``output_hidden_states`` (every layer's state kept for every forward).
 - **logits**: only for the positions the caller needs (``logits_to_keep``): the last one after
   a prefill or a plain decode step, all ``S + 1`` in a verify forward.
+- **attention**: an SDPA target is switched to :mod:`row_exact_attention`, so that a verify
+  forward gives each row the bits a plain one-row step gives it (lossless greedy decoding in
+  bfloat16, where SDPA's row blocking flips exact logit ties).
 
 Legend: T tokens, L taps, Dt target hidden, V target vocabulary.
 """
@@ -30,6 +33,7 @@ import torch
 
 from osprey_data.errors import ModelError
 from osprey_data.target_model import TapCapture, decoder_layers
+from osprey_train.evaluation.row_exact_attention import use_row_exact_attention
 
 __all__ = ["HFTargetSession", "rollback_cache"]
 
@@ -147,8 +151,11 @@ def rollback_cache(model_config: Any, capacity: int = 0) -> Any:
 class HFTargetSession:
     """A transformers causal LM with a rollback-able KV cache and hidden-state taps."""
 
-    def __init__(self, model: Any, tap_layers: Sequence[int] = ()) -> None:
+    def __init__(self, model: Any, tap_layers: Sequence[int] = (), *, row_exact: bool = True) -> None:
+        """``row_exact``: switch an SDPA target to row-exact attention (this changes ``model``'s
+        attention implementation for every later caller too; prefills are unaffected)."""
         self.model = model
+        self.row_exact = use_row_exact_attention(model) if row_exact else False
         self.tap_layers = tuple(int(i) for i in tap_layers)
         self.device = next(model.parameters()).device
         self.cache: Any = None

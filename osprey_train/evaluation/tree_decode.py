@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from osprey_data.errors import ModelError
+from osprey_train.evaluation.row_exact_attention import ROW_EXACT
 from osprey_train.evaluation.spec_decode import GenerationResult, HFTargetSession, cut_emitted, prefill
 from osprey_train.evaluation.tree_live_drafter import TreeDrafterSession
 from osprey_train.evaluation.tree_shape import TreeShape
@@ -33,7 +34,7 @@ __all__ = ["check_tree_target", "tree_speculative_generate"]
 def check_tree_target(target: HFTargetSession) -> None:
     """Refuse targets whose attention cannot take a custom tree mask or whose cache cannot be compacted."""
     impl = getattr(target.model.config, "_attn_implementation", "eager")
-    if impl not in ("eager", "sdpa"):
+    if impl not in ("eager", "sdpa", ROW_EXACT):
         raise ModelError(f"tree verification needs the target's attention to accept a custom mask (eager or "
                          f"sdpa); this target runs {impl!r}")
     if any(t != "full_attention" for t in getattr(target.model.config, "layer_types", None) or []):

@@ -51,13 +51,25 @@ def param_groups(model: nn.Module, params: Iterable[nn.Parameter] | None, weight
     return groups
 
 
+_FUSED_DEVICES = ("cpu", "cuda")
+
+
 def build_optimizer(model: nn.Module, params: Iterable[nn.Parameter] | None, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups` with the config's betas/eps; lr is set per step."""
+    """AdamW over :func:`param_groups` with the config's betas/eps; lr is set per step.
+
+    The fused kernel (one pass per parameter instead of ~10 elementwise ops) is used when every
+    parameter is a float tensor on one CPU or CUDA device: 4x faster than the default ``foreach``
+    AdamW on this CPU for a 15 M-parameter drafter (docs/distill.md); its updates differ from
+    ``foreach``'s by float32 rounding only (~1e-8 after 5 steps), and its state dict is the same.
+    """
     groups = param_groups(model, params, cfg.weight_decay)
     if not groups:
         raise ConfigError("the task has no trainable parameters (all requires_grad=False?)")
+    tensors = [p for g in groups for p in g["params"]]
+    fused = len({p.device for p in tensors}) == 1 and tensors[0].device.type in _FUSED_DEVICES \
+        and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in tensors)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, fused=fused or None)
 
 
 def warmup_steps(cfg: OptimConfig, max_steps: int) -> int:

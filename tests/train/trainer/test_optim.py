@@ -56,6 +56,27 @@ def test_optimizer_is_adamw_with_configured_settings_and_no_decay_policy():
     assert sum(len(g["params"]) for g in opt.param_groups) == n_params
 
 
+def test_fused_adamw_on_one_cpu_device_and_same_updates_as_foreach():
+    torch.manual_seed(0)
+    model, reference = ToyLM(dropout=0.0), ToyLM(dropout=0.0)
+    reference.load_state_dict(model.state_dict())
+    cfg = OptimConfig(lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, None, cfg)
+    assert opt.defaults["fused"] is True
+    ref_params = dict(reference.named_parameters())
+    ref_opt = torch.optim.AdamW([{"params": [ref_params[n] for n in g["names"]], "weight_decay": g["weight_decay"]}
+                                 for g in opt.param_groups],
+                                lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
+    for _ in range(4):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            m(torch.arange(8)[None]).float().square().mean().backward()
+            o.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    assert set(opt.state_dict()["state"][0]) == set(ref_opt.state_dict()["state"][0])  # checkpoints unchanged
+
+
 def test_tied_head_counts_as_embedding():
     model = ToyLM()
     model.head.weight = model.embed.weight
