@@ -324,7 +324,12 @@ def spec_section(args, target, session, prompts, eos, costs) -> dict:
 # ------------------------------------------------------------------------------- precisions
 
 
-def load_precision(p, target_dir: Path, drafter_dir: Path, draft_vocab_full: bool = False):
+SDPA_SUFFIX = "+sdpa"
+"""A precision name ending in this runs the target's attention through plain SDPA instead of
+row-exact attention (osprey_train/evaluation/row_exact_attention.py): the pre-fix baseline."""
+
+
+def load_precision(p, target_dir: Path, drafter_dir: Path, draft_vocab_full: bool = False, row_exact: bool = True):
     """Target and drafter sessions in precision ``p`` (bf16: prepacked linears on CPU)."""
     from osprey_data.target_model import load_hf_target
     from osprey_train.evaluation.live_drafter import DrafterSession
@@ -334,7 +339,7 @@ def load_precision(p, target_dir: Path, drafter_dir: Path, draft_vocab_full: boo
     model, tokenizer = load_hf_target(str(target_dir), device="cpu", dtype=p.weights)
     p.prepare(model)
     drafter = p.prepare(load_drafter(drafter_dir))
-    target = HFTargetSession(model, drafter.config.tap_layers.layer_ids)
+    target = HFTargetSession(model, drafter.config.tap_layers.layer_ids, row_exact=row_exact)
     vocab = model.get_output_embeddings().weight.shape[0]
     return target, DrafterSession(drafter, target_vocab_size=vocab)
 
@@ -346,8 +351,9 @@ def precision_section(args, names, target_dir: Path, drafter_dir: Path, prompts,
     from osprey_data.target_model import resolve_precision
     from osprey_train.evaluation.spec_decode import plain_generate, speculative_generate
 
-    precs = {n: resolve_precision(n, "cpu") for n in names}
-    runs = {n: load_precision(precs[n], target_dir, drafter_dir) for n in names}
+    precs = {n: resolve_precision(n.removesuffix(SDPA_SUFFIX), "cpu") for n in names}
+    runs = {n: load_precision(precs[n], target_dir, drafter_dir, row_exact=not n.endswith(SDPA_SUFFIX))
+            for n in names}
     steps = (3,) if args.quick else (2, 3, 4)
     ids = list(context_ids)
     base = len(ids) - 1
@@ -611,7 +617,8 @@ def main() -> None:
     ap.add_argument("--cost-out", default=None, help="write the costs as an osprey-cost-model JSON file")
     ap.add_argument("--precisions", default=None,
                     help="comma list swept side by side, float32 first (default: float32,bfloat16,bf16-autocast on "
-                         "a CPU with bf16 matrix units, else float32 only; 'none' skips the sweep)")
+                         "a CPU with bf16 matrix units, else float32 only; 'none' skips the sweep); a name ending "
+                         f"in {SDPA_SUFFIX!r} runs the target's attention as plain SDPA, not row-exact")
     ap.add_argument("--precision-only", action="store_true",
                     help="only the precision sweep (skips the float32 harness / cost / speculative sections)")
     args = ap.parse_args()
@@ -640,7 +647,7 @@ def main() -> None:
         names = ["float32", "bfloat16", "bf16-autocast"] if cpu_bf16_capable() else ["float32"]
     else:
         names = [] if args.precisions == "none" else [n.strip() for n in args.precisions.split(",") if n.strip()]
-    bad = [n for n in names if n not in PRECISIONS or n == "auto"]
+    bad = [n for n in names if n.removesuffix(SDPA_SUFFIX) not in PRECISIONS or n.startswith("auto")]
     if bad or (names and names[0] != "float32"):
         ap.error(f"--precisions: names from {PRECISIONS[1:]}, float32 first; got {args.precisions!r}")
     start = time.perf_counter()
@@ -751,7 +758,7 @@ def sweep_result(sweep: dict) -> dict:
     out: dict = {"fastest_plain": sweep["fastest_plain"]}
     best = 0.0
     for n, r in sweep["precisions"].items():
-        k = short[n]
+        k = short[n.removesuffix(SDPA_SUFFIX)] + ("_sdpa" if n.endswith(SDPA_SUFFIX) else "")
         out[f"{k}_step_vs_fp32"] = round(r["plain_step_vs_fp32"], 3)
         out[f"{k}_break_even_s3"] = round(r["break_even"][3], 3)
         if 3 in r["spec"]:

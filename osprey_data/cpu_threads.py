@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["busy_machine_threads", "chosen_threads", "torch_threads", "check_threads", "note_to_stderr",
+__all__ = ["machine_load", "busy_machine_threads", "chosen_threads", "torch_threads", "check_threads", "note_to_stderr",
            "BUSY_LOAD_PER_CORE", "THREADS_HELP"]
 
 BUSY_LOAD_PER_CORE = 1.5
@@ -30,6 +30,11 @@ def note_to_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def machine_load() -> tuple[float | None, int]:
+    """(1-minute load average, or None where the OS has none; CPU cores)."""
+    return (os.getloadavg()[0] if hasattr(os, "getloadavg") else None), (os.cpu_count() or 1)
+
+
 def busy_machine_threads(note: Callable[[str], None] | None = None) -> int | None:
     """1 torch thread when other jobs already keep every core busy, else None (torch's default).
 
@@ -37,10 +42,8 @@ def busy_machine_threads(note: Callable[[str], None] | None = None) -> int | Non
     average of 5-8 on 2 cores, one thread decoded SmolLM2 4-6x faster than two, and at load ~14
     ``data build`` ran its first batch 4.9x faster with one thread (90 s vs 441 s).
     """
-    if not hasattr(os, "getloadavg"):
-        return None
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > BUSY_LOAD_PER_CORE * cores:
+    load, cores = machine_load()
+    if load is not None and load > BUSY_LOAD_PER_CORE * cores:
         if note is not None:
             note(f"machine busy (load average {load:.1f} on {cores} cores): using 1 torch thread; "
                  f"pass --threads N to override")

@@ -26,13 +26,13 @@ interrupted one; ``OUT/work/`` is the study folder.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import write_json
+from osprey_data.cpu_threads import machine_load
 from osprey_data.target_model import resolve_device
 from osprey_train.demo.config import DemoConfig
 from osprey_train.demo.outputs import publish_outputs
@@ -112,8 +112,8 @@ def _timings(out: Path, plan) -> dict[str, float]:
 def run(cfg: DemoConfig) -> DemoResult:
     """Run (or continue) every stage and write the report; returns where it went and the figures."""
     t0 = time.perf_counter()
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    busy = busy_warning(load_before, os.cpu_count() or 1, quick=cfg.quick)
+    load_before, cores = machine_load()
+    busy = busy_warning(load_before, cores, quick=cfg.quick)
     if busy is not None and cfg.progress:
         print(busy, flush=True)
     study = demo_study(cfg)
@@ -135,7 +135,7 @@ def run(cfg: DemoConfig) -> DemoResult:
         "offline": {"converted": result(plan.init_cells[key]), "distilled": result(plan.cells[(*key, DOMAIN)])},
         "live": result(plan.live),
         "timings_s": _timings(work, plan), "load_average_before": load_before, "busy_warning": busy,
-        "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average_after": machine_load()[0],
         "cpu_threads": read_record(work, plan.live)["threads"], "study_folder": str(work),
         "stages_reused": done.reused,
     }

@@ -24,10 +24,11 @@ the full 49k-token vocabulary makes a distillation step ~7x dearer, builds run i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from osprey_data.cpu_threads import machine_load
 
 __all__ = ["A_PRIORI", "A_PRIORI_RATES", "A_PRIORI_BASIS", "DEMO_RATES", "COMPUTE_KINDS", "Estimate", "StageTiming", "estimate",
            "format_duration", "machine_load", "work_fraction", "study_estimate"]
@@ -60,11 +61,6 @@ def format_duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-def machine_load() -> tuple[float | None, int]:
-    """(1-minute load average or None, CPU cores)."""
-    return (os.getloadavg()[0] if hasattr(os, "getloadavg") else None), (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from osprey_data import jsonio
 from osprey_data.atomic import replace_dir, write_json, write_text
 from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
-from osprey_data.cpu_threads import busy_machine_threads
+from osprey_data.cpu_threads import busy_machine_threads, machine_load
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.eta import A_PRIORI_RATES, format_duration, study_estimate
 from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
@@ -203,7 +203,7 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
     work.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc)
     wall0, cpu0 = time.perf_counter(), _cpu_seconds()
-    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load0 = machine_load()[0]
     with _threads(cfg.study.study.threads, ctx.log) as threads:
         result = EXECUTORS[node.kind](ctx, node, inputs, work)
     record = {
@@ -211,7 +211,7 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - wall0, "cpu_s": _cpu_seconds() - cpu0, "threads": threads,
-        "load_average": [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "load_average": [load0, machine_load()[0]],
         "resumed": interrupted and node.resumable, "code_version": code_version(),
         CHECKSUM_KEY: output_checksums(work, node.kind),
     }
