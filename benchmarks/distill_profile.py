@@ -8,7 +8,8 @@ clipping), without the loop around it. Sections:
 
 1. **timing**: ``--repeats`` rounds; each round runs one step per precision on the same batch,
    the order alternating, and times its phases (forward, backward, optimizer incl. clipping)
-   separately. Medians per phase; the ratio float32 / bf16-autocast is the speedup.
+   separately. Medians per phase; the ratio float32 / bf16-autocast is the speedup. The trainer's
+   AdamW is fused; ``--compare-foreach`` also times both precisions with the unfused one.
 2. **profile**: one more step per precision under ``torch.profiler`` (CPU); the self time of the
    top ops, and the shares of op families: matmuls (``mm``/``addmm``/``bmm``/``linear``), casts
    (``to``/``copy_``: what autocast adds), attention (``scaled_dot_product*``), softmax / loss,
@@ -86,6 +87,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 8; quick 3)")
     ap.add_argument("--top", type=int, default=12, help="ops listed per precision")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compare-foreach", action="store_true",
+                    help="also time each precision with the unfused (foreach) AdamW, the trainer's optimizer before "
+                         "fused AdamW became its default")
     ap.add_argument("--out", default="runs/distill_profile", help="folder for distill_profile.json / .md")
     args = ap.parse_args()
     if not args.quick and not args.drafter_root:
@@ -117,12 +121,20 @@ def main() -> None:
                                         progress=False, distributed="none"))
     task = DistillTask(cfg)
     precs = {n: resolve_precision(n, "cpu", training=True) for n in PRECISIONS}
+    contenders = list(PRECISIONS) + ([f"{n}+foreach" for n in PRECISIONS] if args.compare_foreach else [])
     runs = {}
-    for n in PRECISIONS:
+    for n in contenders:
         torch.manual_seed(0)
         model = task.build_model()
         params = task.trainable_parameters(model)
-        runs[n] = (model, params, build_optimizer(model, params, optim))
+        opt = build_optimizer(model, params, optim)
+        if n.endswith("+foreach"):  # the same groups and settings, unfused
+            groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+            opt = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                                    weight_decay=optim.weight_decay, foreach=True)
+            assert not opt.param_groups[0]["fused"]
+        runs[n] = (model, params, opt)
+    precs.update({f"{n}+foreach": precs[n] for n in PRECISIONS})
     batches = [task.batch(i, 0, 0, 1) for i in range(repeats + 2)]
     tokens = int(batches[0].input_ids_BT.numel())
 
@@ -140,21 +152,30 @@ def main() -> None:
         t3 = time.perf_counter()
         return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "step": t3 - t0}
 
-    for n in PRECISIONS:  # warm-up: the optimizer state, oneDNN's kernels
+    for n in contenders:  # warm-up: the optimizer state, oneDNN's kernels
         step(n, batches[0])
-    samples: dict[str, list[dict]] = {n: [] for n in PRECISIONS}
+    samples: dict[str, list[dict]] = {n: [] for n in contenders}
     for r in range(repeats):
-        for n in (PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]):
+        for n in (contenders if r % 2 == 0 else contenders[::-1]):
             samples[n].append(step(n, batches[1 + r]))
-    timing = {n: {k: statistics.median(s[k] for s in samples[n]) for k in (*PHASES, "step")} for n in PRECISIONS}
+    timing = {n: {k: statistics.median(s[k] for s in samples[n]) for k in (*PHASES, "step")} for n in contenders}
     base = timing[PRECISIONS[0]]
     ratio = {k: base[k] / timing["bf16-autocast"][k] for k in (*PHASES, "step")}
     print(f"{tokens} tokens per step, K={args.ttt_steps}, {args.threads} thread(s), {repeats} interleaved rounds")
-    for n in PRECISIONS:
+    for n in contenders:
         t = timing[n]
         print(f"[{n}] step {t['step'] * 1e3:.0f} ms = forward {t['forward'] * 1e3:.0f} + backward "
               f"{t['backward'] * 1e3:.0f} + optimizer {t['optimizer'] * 1e3:.0f} ms; {tokens / t['step']:.0f} tok/s")
     print("bf16-autocast speedup: " + ", ".join(f"{k} x{v:.2f}" for k, v in ratio.items()))
+    foreach = {}
+    if args.compare_foreach:
+        old = timing["float32+foreach"]["step"]
+        foreach = {"fp32_foreach_step_ms": round(old * 1e3, 1),
+                   "autocast_foreach_step_ms": round(timing["bf16-autocast+foreach"]["step"] * 1e3, 1),
+                   "speedup_fused_fp32": round(old / base["step"], 3),
+                   "speedup_autocast_fused_vs_fp32_foreach": round(old / timing["bf16-autocast"]["step"], 3)}
+        print(f"fused AdamW: float32 step x{foreach['speedup_fused_fp32']:.2f} of foreach; bf16-autocast + fused "
+              f"x{foreach['speedup_autocast_fused_vs_fp32_foreach']:.2f} of float32 + foreach")
 
     profiles = {}
     for n in PRECISIONS:
@@ -177,7 +198,7 @@ def main() -> None:
     fam = sorted({k for p in profiles.values() for k in p["shares"]})
     by_family = {k: {n: profiles[n]["shares"].get(k, 0.0) * profiles[n]["total_ms"] for n in PRECISIONS} for k in fam}
     load = round(os.getloadavg()[0], 1)
-    doc = {"tokens_per_step": tokens, "ttt_steps": args.ttt_steps, "threads": args.threads, "repeats": repeats,
+    doc = {"contenders": contenders, "tokens_per_step": tokens, "ttt_steps": args.ttt_steps, "threads": args.threads, "repeats": repeats,
            "load_avg": load, "drafter_root": str(root), "timing": timing, "speedup": ratio,
            "profiles": profiles, "family_ms": by_family}
     (out / "distill_profile.json").write_text(json.dumps(doc, indent=2))
@@ -190,7 +211,7 @@ def main() -> None:
     result = {"tokens_per_step": tokens, "threads": args.threads, "load_avg": load,
               **{f"fp32_{k}_ms": round(base[k] * 1e3, 1) for k in (*PHASES, "step")},
               **{f"autocast_{k}_ms": round(timing['bf16-autocast'][k] * 1e3, 1) for k in (*PHASES, "step")},
-              **{f"speedup_{k}": round(v, 3) for k, v in ratio.items()},
+              **{f"speedup_{k}": round(v, 3) for k, v in ratio.items()}, **foreach,
               **{f"fp32_share_{k.replace('/', '_')}": round(profiles['float32']['shares'].get(k, 0.0), 3) for k in fam},
               **{f"autocast_share_{k.replace('/', '_')}": round(profiles['bf16-autocast']['shares'].get(k, 0.0), 3)
                  for k in fam}}

@@ -18,7 +18,7 @@ head (GQA). Same inputs, same call, same kernel, so the same bits. A plain step 
 drift apart. One SDPA call per row costs about what one call over the block costs at these
 sizes (decode attention is a small part of a step). Blocks that are not prefix-shaped (real tree
 masks, padded batches) or longer (prefills, which are the same call in both paths anyway) go to
-SDPA unchanged. The mask builder is SDPA's, so a tree verify's custom 4D mask arrives as given.
+SDPA unchanged, as does a block with no past (a prompt's prefill). The mask builder is SDPA's, so a tree verify's custom 4D mask arrives as given.
 
 Legend: B batch, H query heads, Hk key/value heads, T query rows, K key positions, D head dim.
 """
@@ -81,26 +81,34 @@ def row_exact_attention(module: Any, query_BHTD: torch.Tensor, key_BHkKD: torch.
                         is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention-function signature; returns ``(B, T, H, D)`` output and no weights."""
     rows, keys = query_BHTD.shape[2], key_BHkKD.shape[2]
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # a block with no past (a prompt's prefill) is the same call in plain and speculative decoding
+    plain_attention = rows <= MAX_EXACT_ROWS and keys > rows and not dropout and not kwargs.get("softcap") \
+        and kwargs.get("position_bias") is None and kwargs.get("s_aux") is None
+    if plain_attention and rows == 1 and attention_mask is None:
+        return _one_row(query_BHTD, key_BHkKD, value_BHkKD, 0, keys, scaling), None  # a plain decode step
     lengths = None
-    if rows <= MAX_EXACT_ROWS and not dropout and not kwargs.get("softcap") \
-            and kwargs.get("position_bias") is None and kwargs.get("s_aux") is None:
+    if plain_attention:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         lengths = _cached_prefix_lengths(attention_mask, rows, keys, causal)
     if lengths is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query_BHTD, key_BHkKD, value_BHkKD, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    outs_B1HD = [_one_row(query_BHTD, key_BHkKD, value_BHkKD, t, n, scaling) for t, n in enumerate(lengths)]
+    return (outs_B1HD[0] if rows == 1 else torch.cat(outs_B1HD, dim=1)), None
+
+
+def _one_row(query_BHTD: torch.Tensor, key_BHkKD: torch.Tensor, value_BHkKD: torch.Tensor, row: int, keys: int,
+             scaling: float | None) -> torch.Tensor:
+    """Query row ``row`` over the first ``keys`` keys, unmasked: the one call plain decoding makes."""
     batch, heads, _, dim = query_BHTD.shape
     kv_heads = key_BHkKD.shape[1]
-    outs_B1HD = []
-    for t, n in enumerate(lengths):
-        # the query heads sharing a key/value head are the rows of one unmasked call (GQA packing)
-        q_BHkGD = query_BHTD[:, :, t].reshape(batch, kv_heads, heads // kv_heads, dim)
-        out_BHkGD = torch.nn.functional.scaled_dot_product_attention(
-            q_BHkGD, key_BHkKD[:, :, :n], value_BHkKD[:, :, :n], scale=scaling)
-        outs_B1HD.append(out_BHkGD.reshape(batch, 1, heads, dim))
-    return (outs_B1HD[0] if rows == 1 else torch.cat(outs_B1HD, dim=1)), None
+    # the query heads sharing a key/value head are the rows of one call (GQA packing)
+    q_BHkGD = query_BHTD[:, :, row].reshape(batch, kv_heads, heads // kv_heads, dim)
+    out_BHkGD = torch.nn.functional.scaled_dot_product_attention(
+        q_BHkGD, key_BHkKD[:, :, :keys], value_BHkKD[:, :, :keys], scale=scaling)
+    return out_BHkGD.reshape(batch, 1, heads, dim)
 
 
 @functools.cache

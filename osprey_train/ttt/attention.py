@@ -148,8 +148,15 @@ def _sdpa(q, ks, vs, doc_ids_BT, scale, block_size, state=None):
     T = q.shape[2]
     single_doc = bool((doc_ids_BT == doc_ids_BT[:, :1]).all())
     mask = None if single_doc else _causal_doc_mask(doc_ids_BT, 0, T, T)
-    out0 = F.scaled_dot_product_attention(q, ks[0], vs[0], attn_mask=mask,
-                                          is_causal=single_doc, scale=scale)
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # CPU's bf16 flash-attention backward is 3.6x slower than float32's (docs/distill.md,
+        # "Where a bf16-autocast step's time goes"), and the casts cost less than that saves
+        with torch.autocast("cpu", enabled=False):
+            out0 = F.scaled_dot_product_attention(q.float(), ks[0].float(), vs[0].float(), attn_mask=mask,
+                                                  is_causal=single_doc, scale=scale)
+    else:
+        out0 = F.scaled_dot_product_attention(q, ks[0], vs[0], attn_mask=mask,
+                                              is_causal=single_doc, scale=scale)
     if len(ks) == 1:
         return out0
     # log-sum-exp of the step-0 part, blockwise and checkpointed (no [T, T] scores kept).

@@ -46,6 +46,27 @@ def test_forward_and_gradients_match_naive(impl, steps):
         torch.testing.assert_close(b, a, atol=5e-5, rtol=5e-5)
 
 
+@pytest.mark.parametrize("steps", [0, 3])
+def test_sdpa_under_cpu_autocast_runs_step_zero_in_float32(steps, monkeypatch):
+    """Under CPU bf16 autocast the step-0 SDPA gets float32 inputs (its bf16 backward is slow on
+    CPU); the result and gradients stay the float32 reference's within bf16 tolerance."""
+    import torch.nn.functional as F
+
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **kw: seen.append(q.dtype) or sdpa(q, *a, **kw))
+    qkv, doc_ids = _make(steps)
+    bf16 = [tuple(t.detach().to(torch.bfloat16).requires_grad_() for t in trip) for trip in qkv]
+    ref = _run("naive", qkv, doc_ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _run("sdpa", bf16, doc_ids)
+    assert seen and set(seen) == {torch.float32}
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b.float(), a, atol=5e-2, rtol=5e-2)
+    grads = torch.autograd.grad(sum(o.float().sum() for o in got), [t for trip in bf16 for t in trip], allow_unused=True)
+    assert all(g is None or torch.isfinite(g).all() for g in grads)
+
+
 def _check_flex(device, steps):
     # Compiled flex on CUDA needs a head dimension of at least 16 (inductor's lowering).
     qkv, doc_ids = _make(steps, d=16 if device == "cuda" else 8)
