@@ -83,12 +83,12 @@ def row_exact_attention(module: Any, query_BHTD: torch.Tensor, key_BHkKD: torch.
     """transformers attention-function signature; returns ``(B, T, H, D)`` output and no weights."""
     rows, keys = query_BHTD.shape[2], key_BHkKD.shape[2]
     # a block with no past (a prompt's prefill) is the same call in plain and speculative decoding
-    plain_attention = rows <= MAX_EXACT_ROWS and keys > rows and not dropout and not kwargs.get("softcap") \
+    row_splittable = rows <= MAX_EXACT_ROWS and keys > rows and not dropout and not kwargs.get("softcap") \
         and kwargs.get("position_bias") is None and kwargs.get("s_aux") is None
-    if plain_attention and rows == 1 and attention_mask is None:
+    if row_splittable and rows == 1 and attention_mask is None:
         return _one_row(query_BHTD, key_BHkKD, value_BHkKD, 0, keys, scaling), None  # a plain decode step
     lengths = None
-    if plain_attention:
+    if row_splittable:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         lengths = _cached_prefix_lengths(attention_mask, rows, keys, causal)
     if lengths is None:
