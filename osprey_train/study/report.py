@@ -27,6 +27,7 @@ from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
 from osprey_train.study.claims import check_claims
 from osprey_train.study.config import StudyConfig
+from osprey_train.study.cross_target import cross_target_claims, per_target_rows
 from osprey_train.study.results import collect
 from osprey_train.study.plan import Plan, build_plan
 from osprey_train.study.runner import format_duration, read_record
@@ -369,22 +370,43 @@ def run(cfg: ReportConfig) -> ReportResult:
     missing = [n.label for n in plan.nodes if n.pending or read_record(cfg.out, n) is None]
     results = {"format": "osprey-study-results", "format_version": 1,
                "progress": {"stages": len(plan.nodes), "done": len(plan.nodes) - len(missing), "missing": missing},
-               "targets": {name: r.results for name, r in per_target.items()}}
+               "targets": {name: r.results for name, r in per_target.items()},
+               "cross_target_claims": cross_target_claims({name: r.results for name, r in per_target.items()})}
     files = [write_json(folder / "results.json", results, default=str),
-             write_text(folder / "README.md", render_targets_readme(study, per_target))]
+             write_text(folder / "README.md", render_targets_readme(study, per_target, results))]
     return ReportResult(dir=folder, files=files + [f for r in per_target.values() for f in r.files], results=results)
 
 
-def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult]) -> str:
-    """The summary of a study of several targets: each claim's verdict per target, and the links."""
+def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult], results: dict) -> str:
+    """The summary of a study of several targets: the headline figures per target, the pooled and
+    transfer claims, each per-target claim's verdict side by side, and the links."""
+    p = results["progress"]
     lines = [f"# Study {study.study.name}: {len(per_target)} targets, one source backbone", "",
-             study.study.description.strip(), "",
-             f"Source (pruned, Stage 2 once, converted for every target): `{study.source.model}`.", "",
-             "| target | model | stages done | report |", "|---|---|---|---|"]
+             study.study.description.strip(), ""]
+    if p["done"] < p["stages"]:
+        lines += [f"**Partial results: {p['done']} of {p['stages']} stages finished.** Figures of unfinished "
+                  "arms read n/a and the pooled claims are not measured until every target has them.", ""]
+    else:
+        lines += [f"All {p['stages']} stages finished.", ""]
+    lines += [f"Source (pruned, Stage 2 once, converted for every target): `{study.source.model}`.", "",
+              "| target | model | stages done | report |", "|---|---|---|---|"]
     for t in study.targets:
         res = per_target[t.name].results
         lines.append(f"| {_cell(t.name)} | `{_cell(t.model)}` | {res['progress']['done']}/{res['progress']['stages']} "
                      f"| [{t.name}/README.md]({t.name}/README.md) |")
+    lines += ["", "## Headline, per target", ""]
+    lines += _table(["target", "pruned from it", "Osprey mean AL", "EAGLE-3 mean AL", "ratio", "noise", "ID gain",
+                     "OOD gain", "cells won", "Stage 2 effect", "best in-domain AL", "live speedup"],
+                    [[_cell(x) for x in row] for row in per_target_rows({n: r.results for n, r in per_target.items()})],
+                    "---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:")
+    lines += ["", "Mean AL over the adapted x evaluated matrix, mean of the seeds; noise: the seed-noise figure of "
+                  "the Osprey - EAGLE-3 difference; Stage 2 effect: Osprey minus Osprey without Stage 2 at one seed; "
+                  "live speedup: `osprey eval live` of the target's best in-domain drafter.", "",
+              "## Pooled over targets, and the transfer claim", ""]
+    lines += _table(["claim", "paper", "ours", "noise", "verdict"],
+                    [[_cell(c["claim"]), _cell(c["paper"]), _cell(c["ours"]), _cell(c["noise"]),
+                      f"**{_cell(c['verdict'])}**"] for c in results["cross_target_claims"]],
+                    "---|---|---|---:|---")
     claims: dict[str, dict[str, dict]] = {}
     for name, r in per_target.items():
         for c in r.results["claims"]:

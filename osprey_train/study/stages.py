@@ -131,10 +131,11 @@ def _prompts(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[
 
 def _store(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     target, gguf = _model_arg(ctx, inputs, "target")
-    # float32 on every device, so a store's content does not depend on where the study runs
+    # [target] dtype, float32 by default so that a store's content does not depend on where the study runs
     summary = build(node.settings.build(
         BuildConfig, target=target, gguf_file=gguf, input=(str(inputs.out("prompts")),),
-        out=str(work / OUTPUTS["store"]), backend="hf", device=ctx.device, dtype="float32", num_workers=1,
+        out=str(work / OUTPUTS["store"]), backend="hf", device=ctx.device, dtype=inputs["target"][0].payload.dtype,
+        num_workers=1,
         worker_index=0, progress=ctx.progress, threads=_threads()))
     return summary.to_dict()
 

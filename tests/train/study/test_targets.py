@@ -20,13 +20,13 @@ from tests.helpers.tiny import make_tiny_qwen3, make_tiny_tokenizer
 from tests.helpers.tiny_study import write_tiny_study
 
 
-def _two_target_study(folder, source_dir, other_dir):
+def _two_target_study(folder, source_dir, other_dir, dtype="bfloat16"):
     path = write_tiny_study(folder, source_dir)
     text = path.read_text()
     text = text.replace(f'[target]\nmodel = "{source_dir}"\n',
                         f'[source]\nmodel = "{source_dir}"\n\n'
                         f'[[targets]]\nname = "llama"\nmodel = "{source_dir}"\n\n'
-                        f'[[targets]]\nname = "qwen"\nmodel = "{other_dir}"\ntaps = [1, 3, 4]\n')
+                        f'[[targets]]\nname = "qwen"\nmodel = "{other_dir}"\ntaps = [1, 3, 4]\ndtype = "{dtype}"\n')
     text = text.replace('seeds = [0, 1]', 'seeds = [0]')
     text = text.replace('[[arms]]\nname = "osprey-kd"\narch = "osprey"\nstage2 = "kd"\n', '')
     text = text.replace('osprey_kd = "osprey-kd"\n', '')
@@ -70,6 +70,10 @@ def test_the_backbone_is_planned_once_and_every_target_gets_its_own_stages(finis
     qwen_store = next(n for n in plan.nodes if n.kind == "store" and n.target == "qwen")
     header = json.loads((stage_dir(out, qwen_store) / "store" / "manifest.json").read_text())
     assert json.dumps(header).count("[1, 3, 4]") >= 1
+    # ... in its own precision ([[targets]] dtype), the source's target in the default float32
+    assert header["header"]["target"]["dtype"] == "bfloat16", header["header"]["target"]
+    llama_store = next(n for n in plan.nodes if n.kind == "store" and n.target == "llama")
+    assert json.loads((stage_dir(out, llama_store) / "store" / "manifest.json").read_text())["header"]["target"]["dtype"] == "float32"
     qwen_drafter = next(n for n in plan.targets["qwen"].drafters.values())
     config = json.loads((stage_dir(out, qwen_drafter) / "run" / "final" / "config.json").read_text())
     assert config["vocab_size"] == 320 or config.get("target_vocab_size") == 320, config
@@ -89,6 +93,11 @@ def test_one_report_per_target_and_a_summary(finished, tmp_path):
         assert res.results["targets"][name]["progress"]["missing"] == []
     summary = (tmp_path / "report" / "README.md").read_text()
     assert "| claim | paper | llama | qwen |" in summary and "[qwen/README.md](qwen/README.md)" in summary
+    assert "## Headline, per target" in summary and "## Pooled over targets, and the transfer claim" in summary
+    assert "Partial results" not in summary
+    claims = {c["id"]: c for c in res.results["cross_target_claims"]}
+    assert set(claims) >= {"pooled_mean_ratio", "pooled_cells_ahead", "pooled_stage2", "transfer"}
+    assert set(claims["transfer"]["values"]) == {"qwen"}     # llama is the source itself
     assert res.results["progress"] == {"stages": len(build_plan(cfg).nodes), "done": len(build_plan(cfg).nodes),
                                        "missing": []}
     cli_res = CliRunner().invoke(cli, ["study", "report", str(cfg.path), "--out", str(out), "--dir",
@@ -113,6 +122,30 @@ def test_several_targets_need_a_source_and_distinct_names(tmp_path, tiny_llama_d
     cfg = load_study(_two_target_study(tmp_path / "c", tiny_llama_dir, tiny_llama_dir))
     assert cfg.for_target("qwen").stores.taps == (1, 3, 4) and cfg.for_target("llama").stores.taps is None
     assert len(build_plan(cfg).targets) == 2
+
+
+def test_a_target_precision_other_than_float32_gives_that_target_new_keys_only(tmp_path, tiny_llama_dir):
+    keys = {}
+    for dtype in ("float32", "bfloat16"):
+        plan = build_plan(load_study(_two_target_study(tmp_path / dtype, tiny_llama_dir, tiny_llama_dir, dtype)))
+        keys[dtype] = {name: {n.key for n in p.nodes} for name, p in plan.targets.items()}
+    assert keys["float32"]["llama"] == keys["bfloat16"]["llama"]
+    shared = keys["float32"]["llama"]          # prompts, the source, prune, Stage 2
+    assert keys["float32"]["qwen"] & keys["bfloat16"]["qwen"] == keys["float32"]["qwen"] & shared
+    # the float32 spelling is the default: a study that names it keeps the keys it had without it
+    path = _two_target_study(tmp_path / "plain", tiny_llama_dir, tiny_llama_dir, "float32")
+    path.write_text(path.read_text().replace('dtype = "float32"\n', ""))
+    assert {n.key for n in build_plan(load_study(path)).targets["qwen"].nodes} == keys["float32"]["qwen"]
+
+
+def test_a_bad_target_precision_and_a_source_precision_are_refused(tmp_path, tiny_llama_dir):
+    path = _two_target_study(tmp_path / "a", tiny_llama_dir, tiny_llama_dir, "auto")
+    with pytest.raises(ConfigError, match=r"\[\[targets\]\] #2 'qwen'.*dtype must be one of"):
+        load_study(path)
+    path = _two_target_study(tmp_path / "b", tiny_llama_dir, tiny_llama_dir)
+    path.write_text(path.read_text().replace("[source]\n", '[source]\ndtype = "bfloat16"\n', 1))
+    with pytest.raises(ConfigError, match=r"\[source\]: dtype is a target's store precision"):
+        load_study(path)
 
 
 @pytest.mark.gpu
