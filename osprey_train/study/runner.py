@@ -8,7 +8,10 @@ Layout of a study folder ``OUT``::
                               into place when complete
     OUT/work/KIND-KEY/        a stage being run or interrupted; resumable kinds continue from it
     OUT/run.log               one line per stage started / finished
-    OUT/.lock                 held while a runner works here (a second one is refused)
+    OUT/locks/                each live runner's lock and the lock of every stage being run: several
+                              runners share a folder, each running stages no other one holds
+                              (:mod:`osprey_train.study.runner_locks`)
+    OUT/.lock                 held for the instant a runner joins (one study file per folder)
 
 A stage is complete exactly when ``stages/KIND-KEY/`` exists: the runner fills ``work/KIND-KEY/``,
 writes ``stage.json`` into it last and moves it into place with one rename
@@ -27,7 +30,6 @@ stage, what was kept and the command that continues the study (exit 130 / 143).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import resource
 import shutil
@@ -41,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data import jsonio
-from osprey_data.atomic import replace_dir, write_json, write_text
-from osprey_data.errors import ConfigError, Interrupted, StudyBusyError
+from osprey_data.atomic import replace_dir, write_json
+from osprey_data.errors import ConfigError, Interrupted
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.cpu_threads import busy_machine_threads, machine_load
 from osprey_train.study.config import StudyConfig
@@ -50,6 +52,7 @@ from osprey_train.study.eta import A_PRIORI_RATES, format_duration, study_estima
 from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
 from osprey_train.study.plan import Node, Plan, build_plan
 from osprey_train.study.stages import EXECUTORS, Inputs, StageContext
+from osprey_train.study.runner_locks import StageClaim, claim_stage, join_study, live_runners
 
 __all__ = ["StudyRunConfig", "StudyRunResult", "run", "stage_dir", "read_record", "code_version", "DEFAULT_RATES",
            "format_duration", "STAGE_RECORD"]
@@ -142,27 +145,6 @@ def code_version() -> dict[str, Any]:
     return doc
 
 
-@contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    out.mkdir(parents=True, exist_ok=True)
-    fh = open(out / ".lock", "a+", encoding="utf-8")
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise StudyBusyError(f"{out}: another `osprey study run` is working in this folder ({holder}); "
-                                 "wait for it, or stop it first (it resumes where it stopped)") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
-        fh.flush()
-        yield
-    finally:
-        fh.close()
-
-
 def _cpu_seconds() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -170,7 +152,7 @@ def _cpu_seconds() -> float:
 
 def _log(out: Path, line: str) -> None:
     with open(out / "run.log", "a", encoding="utf-8") as fh:
-        fh.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} {line}\n")
+        fh.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} [pid {os.getpid()}] {line}\n")
 
 
 @contextmanager
@@ -229,6 +211,47 @@ def _finished(out: Path, node: Node) -> bool:
     return True
 
 
+# How often a runner whose remaining stages all wait on another runner looks again.
+WAIT_POLL_S = 2.0
+
+
+def _next_stage(cfg: StudyRunConfig, out: Path, plan: Plan,
+                todo: list[Node]) -> tuple[tuple[Node, StageClaim] | None, Plan]:
+    """The first stage of ``todo`` that is ready (inputs finished), claimed for this runner; stages
+    another runner finished meanwhile are dropped from ``todo``. Returns the (maybe re-built) plan."""
+    for node in list(todo):
+        if node.pending:   # a 'best' live run: defined once the cells it chooses from exist
+            plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
+            resolved = plan.live_of(node) or node
+            if resolved.pending:
+                continue
+            todo[todo.index(node)] = node = resolved
+        if _finished(out, node):
+            todo.remove(node)
+            continue
+        if not all((stage_dir(out, dep) / STAGE_RECORD).is_file() for dep in node.deps.values()):
+            continue
+        claim = claim_stage(out, node.folder)
+        if claim is None:
+            continue
+        if _finished(out, node):   # finished by another runner between the two looks
+            claim.release()
+            todo.remove(node)
+            continue
+        return (node, claim), plan
+    return None, plan
+
+
+def _wait(cfg: StudyRunConfig, left: int, total: int) -> None:
+    try:
+        time.sleep(WAIT_POLL_S)
+    except KeyboardInterrupt:
+        study_file = cfg.study.path if cfg.study.path is not None else "STUDY.toml"
+        raise Interrupted(f"study {cfg.study.study.name} interrupted by SIGINT while waiting for another runner "
+                          f"({total - left} of {total} stages finished and kept; this runner held none). Continue "
+                          f"with `osprey study run {study_file} --out {cfg.out}`.", signum=2) from None
+
+
 def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, done: int,
                          total: int) -> dict[str, Any]:
     """:func:`_run_stage`, turning a signal into one :class:`Interrupted` naming the stage."""
@@ -269,47 +292,62 @@ def check_study_folder(out: Path) -> None:
 
 
 def run(cfg: StudyRunConfig) -> StudyRunResult:
-    """Run (or continue) the study in ``cfg.out``."""
+    """Run (or continue) the study in ``cfg.out``.
+
+    Several runners may work in one folder at once (start the same command again): each takes the
+    first stage in order of work whose inputs are finished and that no other runner holds
+    (:mod:`osprey_train.study.runner_locks`), and waits when every remaining stage waits on another
+    runner's. Alone, a runner runs the stages in plan order, as before."""
     out = cfg.out
     check_study_folder(out)
     t0 = time.perf_counter()
     say: Callable[[str], None] = (lambda m: print(m, flush=True)) if cfg.progress else (lambda m: None)
-    with _locked(out):
-        if cfg.study.path is not None:
-            write_text(out / "study.toml", cfg.study.path.read_text(encoding="utf-8"))
+    study_text = cfg.study.path.read_text(encoding="utf-8") if cfg.study.path is not None else None
+    with join_study(out, study_text) as me:
         ctx = StageContext(cfg=cfg.study, cache=cfg.cache, progress=cfg.progress, log=lambda m: say(f"    {m}"))
         plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
         result = StudyRunResult(out=out, plan=plan)
         todo = [n for n in plan.nodes if not _finished(out, n)]
         result.reused = len(plan.nodes) - len(todo)
         total = len(plan.nodes)
+        others = live_runners(out, exclude=me)
         if cfg.progress:
             say(f"[{cfg.prefix}] {cfg.study.study.name}: {total} stages, {result.reused} already done, "
-                f"{len(todo)} to run; folder {out}")
-        _log(out, f"run: {len(todo)} of {total} stages to run")
-        index = result.reused
+                f"{len(todo)} to run; folder {out}" + (f"; sharing it with {', '.join(others)}" if others else ""))
+        _log(out, f"run: {len(todo)} of {total} stages to run"
+             + (f" (beside {len(others)} other runner(s))" if others else ""))
         basis_said = None
+        waiting_said = False
         while todo:
-            node = todo.pop(0)
-            if node.pending:
-                plan = build_plan(cfg.study, lookup=lambda key: read_record(out, key))
-                node = plan.live_of(node) or node
-                if node.pending:
-                    raise AssertionError(f"{node.label}: still undefined ({node.pending}) after its inputs ran")
-                if (stage_dir(out, node) / STAGE_RECORD).is_file():
-                    index += 1
-                    continue
-            index += 1
-            eta = study_estimate(out, plan, [node, *todo], read_record, a_priori=cfg.eta_rates)
-            if cfg.progress:
-                if eta.source != basis_said:   # say what the ETA rests on when that changes
-                    basis_said = eta.source
-                    say(f"    ETA: {eta.basis}")
-                say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
-                    f"ETA {eta.label()}] {node.label}")
-            _log(out, f"start {node.folder} {node.label}")
-            record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
-            _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")
+            picked, plan = _next_stage(cfg, out, plan, todo)
+            if picked is None:
+                if not todo:
+                    break
+                busy = live_runners(out, exclude=me)
+                if not busy:   # the plan orders inputs first, so alone a runner always finds one
+                    raise AssertionError(f"{todo[0].label}: no stage is ready and no other runner is working")
+                if cfg.progress and not waiting_said:
+                    say(f"    waiting: the {len(todo)} stages left need stages another runner is running ({busy[0]})")
+                waiting_said = True
+                _wait(cfg, len(todo), total)
+                continue
+            waiting_said = False
+            node, claim = picked
+            try:
+                index = total - len(todo) + 1
+                eta = study_estimate(out, plan, list(todo), read_record, a_priori=cfg.eta_rates)
+                if cfg.progress:
+                    if eta.source != basis_said:   # say what the ETA rests on when that changes
+                        basis_said = eta.source
+                        say(f"    ETA: {eta.basis}")
+                    say(f"[{cfg.prefix} {index}/{total} +{format_duration(time.perf_counter() - t0)} "
+                        f"ETA {eta.label()}] {node.label}")
+                _log(out, f"start {node.folder} {node.label}")
+                record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
+                _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")
+            finally:
+                claim.release()
+            todo.remove(node)
             result.ran.append(node.key)
             if cfg.max_stages is not None and len(result.ran) >= cfg.max_stages:
                 break

@@ -17,6 +17,7 @@ from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import build_plan
 from osprey_train.study.eta import format_duration, study_estimate
 from osprey_train.study.runner import STAGE_RECORD, read_record, stage_dir
+from osprey_train.study.runner_locks import live_runners
 
 __all__ = ["StudyStatus", "status"]
 
@@ -61,7 +62,7 @@ class StudyStatus:
                  f"{format_duration(self.spent_s)} spent, about {'' if self.estimate_measured else '~'}"
                  f"{format_duration(self.remaining_s)} to go"
                  + (f" ({self.estimate_note})" if self.estimate_note else "")]
-        lines.append(f"runner: {self.lock or 'none running'}")
+        lines.append(f"runners: {self.lock}" if self.lock and ";" in self.lock else f"runner: {self.lock or 'none running'}")
         for kind, c in self.by_kind.items():
             lines.append(f"  {kind:<9} {c['done']:>4}/{c['total']:<4}")
         for w in self.in_work:
@@ -121,14 +122,6 @@ def status(cfg: StudyConfig, out: Path) -> StudyStatus:
     st.next = [n.label for n in todo[:3]]
     eta = study_estimate(out, plan, todo, read_record)
     st.remaining_s, st.estimate_note, st.estimate_measured = eta.seconds, eta.basis, eta.measured
-    lock = out / ".lock"
-    if lock.is_file():
-        import fcntl
-
-        with open(lock, encoding="utf-8") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(fh, fcntl.LOCK_UN)
-            except OSError:
-                st.lock = fh.read().strip() or "a runner"
+    runners = live_runners(out)
+    st.lock = "; ".join(runners) if runners else None
     return st

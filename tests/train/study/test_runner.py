@@ -25,7 +25,7 @@ from osprey_train.study.report import ReportConfig
 from osprey_train.study.report import run as report
 from osprey_train.study.results import collect
 from osprey_train.study.runner import StudyRunConfig, read_record, run, stage_dir
-from osprey_train.study.runner import _locked as study_lock
+from osprey_train.study.runner_locks import join_study, live_runners
 from osprey_train.study.status import status
 from tests.helpers.tiny_study import write_tiny_study
 
@@ -101,12 +101,40 @@ def test_killed_inside_a_stage_resumes_to_identical_results(finished, tmp_path):
     assert evals(ra) == evals(rb)
 
 
-def test_one_runner_per_folder(finished, tmp_path):
+def test_a_runner_of_another_study_file_is_refused_while_one_works_in_the_folder(finished, tmp_path, tiny_llama_dir):
     cfg, _, _ = finished
-    with study_lock(tmp_path / "busy"):
-        with pytest.raises(StudyBusyError, match="another `osprey study run` is working"):
-            run(StudyRunConfig(study=cfg, out=tmp_path / "busy", progress=False))
+    other = load_study(write_tiny_study(tmp_path / "other", tiny_llama_dir, name="other"))
+    with join_study(tmp_path / "busy", cfg.path.read_text()):
         assert "pid" in status(cfg, tmp_path / "busy").lock
+        with pytest.raises(StudyBusyError, match="another `osprey study run` .* on a different study file"):
+            run(StudyRunConfig(study=other, out=tmp_path / "busy", progress=False))
+    assert status(cfg, tmp_path / "busy").lock is None    # gone with its runner
+    # a runner that died without cleaning up leaves an unlocked file: not a live runner
+    (tmp_path / "busy" / "locks" / "runner-999999-dead").write_text("pid 999999 since then\n")
+    assert live_runners(tmp_path / "busy") == []
+
+
+def test_two_runners_share_one_folder_and_give_the_results_of_one(finished, tmp_path):
+    """Two processes on one study folder: every stage runs exactly once, by one of them, and the
+    results are those of the uninterrupted single runner."""
+    cfg, reference, _ = finished
+    cmd = [sys.executable, "-c", "from osprey_cli.main import cli; cli()", "study", "run", str(cfg.path), "--out",
+           str(tmp_path / "out"), "--no-progress"]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    log = (tmp_path / "out" / "run.log").read_text().splitlines()
+    started = [line.split()[3:5] for line in log if line.split()[3] == "start"]    # [start, KIND-KEY]
+    folders = [f for _, f in started]
+    assert len(folders) == len(set(folders)) == len(build_plan(cfg).nodes), log    # each stage once
+    by_pid = {line.split()[2] for line in log if line.split()[3] == "start"}
+    assert len(by_pid) == 2, log                                                   # both did some of it
+    ra, rb = collect(cfg, reference), collect(cfg, tmp_path / "out")
+    assert ra["cells"] == rb["cells"] and ra["stage2"]["plain"]["curve"] == rb["stage2"]["plain"]["curve"]
+    assert ra["live"]["acceptance_length"] == rb["live"]["acceptance_length"]
+    st = status(cfg, tmp_path / "out")
+    assert st.done == st.total and st.lock is None
 
 
 def test_status_and_report_of_the_finished_study(finished, tmp_path):
