@@ -105,8 +105,9 @@ def cross_target_claims(per_target: dict[str, dict]) -> list[dict[str, Any]]:
                 "claim": "Pooled over targets, Osprey's mean AL is >= 1.16x EAGLE-3's, by more than twice the noise",
                 "paper": "x1.161 (Qwen3-8B); +21.2 % / +22.7 % on Llama-3.3-70B / MiniMax-M2.5",
                 "ours": "n/a" if delta is None else f"{fmt(mo)} vs {fmt(me)} (x{ratio:.3f}, {fmt(delta, sign=True)})",
-                "noise": fmt(noise), "verdict": verdict,
-                "values": {"osprey": mo, "eagle3": me, "ratio": ratio, "difference": delta, "noise": noise}})
+                "noise": "" if delta is None else fmt(noise), "verdict": verdict,
+                "values": {"osprey": mo, "eagle3": me, "ratio": ratio, "difference": delta,
+                           "noise": None if delta is None else noise}})
 
     # pooled ID / OOD gains: the mean of each target's relative gain
     gid = _pooled_mean([_values(r, "ood_gain").get("id_gain") for r in per_target.values()])
@@ -133,7 +134,8 @@ def cross_target_claims(per_target: dict[str, dict]) -> list[dict[str, Any]]:
     dn = _pooled_noise([_values(r, "stage2_plain").get("noise") for r in per_target.values()])
     missing = _missing(per_target, "stage2_plain", "difference")
     out.append({"id": "pooled_stage2", "claim": "Pooled over targets, Stage 2 (plain pretraining) helps",
-                "paper": "+0.185 (+5.1 %, Table 5, one target)", "ours": fmt(d, sign=True), "noise": fmt(dn),
+                "paper": "+0.185 (+5.1 %, Table 5, one target)", "ours": fmt(d, sign=True),
+                "noise": "" if d is None else fmt(dn),
                 "verdict": not_measured(missing) if d is None else
                 ("not held" if d <= 0 else ("held" if dn is None or d > dn else "within noise")),
                 "values": {"difference": d, "noise": dn}})

@@ -25,7 +25,7 @@ from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.text import printable
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
-from osprey_train.study.claims import check_claims
+from osprey_train.study.claims import CLAIM_ROLES, check_claims
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.cross_target import cross_target_claims, per_target_rows
 from osprey_train.study.results import collect
@@ -414,7 +414,9 @@ def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult
     lines += ["", "## The paper's claims, per target", "",
               "| claim | paper | " + " | ".join(_cell(n) for n in per_target) + " |",
               "|---|---|" + "---|" * len(per_target)]
-    for by_target in claims.values():
+    for cid, by_target in claims.items():
+        if any(role not in study.report.roles for role in CLAIM_ROLES.get(cid, ())):
+            continue   # an arm it needs is not in this study
         first = next(iter(by_target.values()))
         row = [_cell(first["claim"]), _cell(first["paper"])]
         row += [_cell(f"{c['ours']} ({c['verdict']})") if (c := by_target.get(n)) else "-" for n in per_target]

@@ -21,7 +21,7 @@ def _target(model: str, *, osprey: float | None, eagle3: float | None, noise: fl
         {"id": "cells_ahead", "values": {"ahead": ahead, "cells": None if ahead is None else 9}},
         {"id": "stage2_plain", "values": {"difference": stage2, "noise": s2_noise}},
         {"id": "best_in_domain", "values": {"best": {"acceptance_length": 2.1}}},
-        {"id": "live_speedup", "values": {"speedup": 1.3}}]}
+        {"id": "live_speedup", "values": {"speedup": 1.3}}, {"id": "low_lr", "values": {}}]}
     for c in claims["claims"]:      # the words the per-claim table of the summary shows
         c.update(claim=c["id"], paper="p", ours="o", verdict="v")
     return claims
@@ -89,6 +89,7 @@ def test_the_summary_readme_says_partial_and_shows_every_target():
         r["progress"] = {"done": 3, "stages": 9}
     study = SimpleNamespace(study=SimpleNamespace(name="x", description="two targets"),
                             source=SimpleNamespace(model="pypi:small"),
+                            report=SimpleNamespace(roles={"osprey": "o", "eagle3": "e", "osprey_no_stage2": "n"}),
                             targets=[SimpleNamespace(name=n, model=r["target"]) for n, r in per.items()])
     results = {"progress": {"done": 6, "stages": 18}, "cross_target_claims": cross_target_claims(per)}
     text = render_targets_readme(study, {n: ReportResult(dir=None, files=[], results=r) for n, r in per.items()},
@@ -96,3 +97,5 @@ def test_the_summary_readme_says_partial_and_shows_every_target():
     assert "**Partial results: 6 of 18 stages finished.**" in text
     assert "| self | yes | 2.400 | 2.000 | x1.200 |" in text and "| other | no | n/a |" in text
     assert "**not measured (1 of 2 targets missing: other)**" in text
+    # a claim whose arms the study does not have is left out; one it has stays, measured or not
+    assert "| stage2_plain |" in text and "| low_lr |" not in text
