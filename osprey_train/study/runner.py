@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -249,7 +250,7 @@ def _wait(cfg: StudyRunConfig, left: int, total: int) -> None:
         study_file = cfg.study.path if cfg.study.path is not None else "STUDY.toml"
         raise Interrupted(f"study {cfg.study.study.name} interrupted by SIGINT while waiting for another runner "
                           f"({total - left} of {total} stages finished and kept; this runner held none). Continue "
-                          f"with `osprey study run {study_file} --out {cfg.out}`.", signum=2) from None
+                          f"with `osprey study run {study_file} --out {cfg.out}`.", signum=signal.SIGINT) from None
 
 
 def _run_stage_stoppable(cfg: StudyRunConfig, ctx: StageContext, node: Node, *, done: int,

@@ -80,10 +80,13 @@ def join_study(out: Path, study_text: str | None) -> Iterator[str]:
     mine_path = locks / f"{_RUNNER_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     with open(out / ".lock", "a+", encoding="utf-8") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)   # held for the instant of joining only
-        live = live_runners(out)
-        for stale in locks.glob(f"{_RUNNER_PREFIX}*"):
-            if stale != mine_path and _held_by_someone(stale) is None:
-                stale.unlink(missing_ok=True)
+        live = []
+        for path in sorted(locks.glob(f"{_RUNNER_PREFIX}*")):   # one look per file: live, or stale and removed
+            holder = _held_by_someone(path)
+            if holder is None:
+                path.unlink(missing_ok=True)
+            else:
+                live.append(holder)
         current = out / "study.toml"
         if live and study_text is not None and current.is_file() and current.read_text(encoding="utf-8") != study_text:
             raise StudyBusyError(f"{out}: another `osprey study run` ({live[0]}) is working in this folder on a "

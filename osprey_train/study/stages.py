@@ -135,8 +135,7 @@ def _store(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[st
     summary = build(node.settings.build(
         BuildConfig, target=target, gguf_file=gguf, input=(str(inputs.out("prompts")),),
         out=str(work / OUTPUTS["store"]), backend="hf", device=ctx.device, dtype=inputs["target"][0].payload.dtype,
-        num_workers=1,
-        worker_index=0, progress=ctx.progress, threads=_threads()))
+        num_workers=1, worker_index=0, progress=ctx.progress, threads=_threads()))
     return summary.to_dict()
 
 
