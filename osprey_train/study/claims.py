@@ -20,12 +20,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_claims", "fmt", "PAPER", "CLAIM_ROLES"]
+__all__ = ["check_claims", "claim_applies", "fmt", "PAPER", "CLAIM_ROLES"]
 
 # The [report.roles] a claim needs beyond osprey and eagle3: without them it cannot be measured.
 CLAIM_ROLES = {"stage2_plain": ("osprey_no_stage2",), "stage2_kd": ("osprey_kd", "osprey_no_stage2"),
                "kd_vs_plain": ("osprey_kd",), "kd_ppl": ("osprey_kd",),
                "low_lr": ("osprey_low_lr", "eagle3_low_lr"), "two_layer": ("eagle3_2l",)}
+
+
+
+def claim_applies(claim_id: str, roles: dict) -> bool:
+    """Whether a study whose ``[report.roles]`` are ``roles`` has every arm the claim compares."""
+    return all(role in roles for role in CLAIM_ROLES.get(claim_id, ()))
+
 
 PAPER = {
     "ratio": 3.686 / 3.176, "osprey_mean": 3.686, "eagle3_mean": 3.176, "id_gain": 0.124, "ood_gain": 0.173,

@@ -25,7 +25,7 @@ from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.text import printable
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
-from osprey_train.study.claims import CLAIM_ROLES, check_claims
+from osprey_train.study.claims import check_claims, claim_applies
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.cross_target import cross_target_claims, per_target_rows
 from osprey_train.study.results import collect
@@ -263,9 +263,12 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
                   "as SGLang counts them (accepted drafts + 1). Full matrices: [matrix.md](matrix.md).", ""]
 
     lines += ["## The paper's claims at this scale", ""]
+    shown = [c for c in claims if claim_applies(c["id"], results["roles"])]
     lines += _table(["claim", "paper", "ours", "noise", "verdict"],
-                    [[c["claim"], c["paper"], c["ours"], c["noise"] or "", f"**{c['verdict']}**"] for c in claims],
+                    [[c["claim"], c["paper"], c["ours"], c["noise"] or "", f"**{c['verdict']}**"] for c in shown],
                     "---|---|---|---:|---")
+    if left_out := [c["claim"] for c in claims if c not in shown]:
+        lines += ["", "Left out, as this study has no arm for them: " + "; ".join(left_out) + "."]
     lines += ["", "Noise: the seed spread of a matrix mean (two seeds); for a difference of two-seed means "
                   "sqrt((s1/2)^2 + (s2/2)^2), for a single-seed arm against a seed of another the larger spread. "
                   "Two seeds give a rough figure, not a confidence interval.", ""]
@@ -415,7 +418,7 @@ def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult
               "| claim | paper | " + " | ".join(_cell(n) for n in per_target) + " |",
               "|---|---|" + "---|" * len(per_target)]
     for cid, by_target in claims.items():
-        if any(role not in study.report.roles for role in CLAIM_ROLES.get(cid, ())):
+        if not claim_applies(cid, study.report.roles):
             continue   # an arm it needs is not in this study
         first = next(iter(by_target.values()))
         row = [_cell(first["claim"]), _cell(first["paper"])]

@@ -156,6 +156,10 @@ def test_status_and_report_of_the_finished_study(finished, tmp_path):
     assert claims["low_lr"]["verdict"] == "not measured"     # the tiny preset has no lr/10 arms
     readme = (tmp_path / "report" / "README.md").read_text()
     assert "## The paper's claims at this scale" in readme and "All 46 stages finished." in readme
+    # a claim whose arms the study lacks is named once below the table, not listed as a row
+    low_lr = claims["low_lr"]["claim"]
+    assert f"| {low_lr} |" not in readme and "Left out, as this study has no arm for them:" in readme
+    assert low_lr in readme.split("Left out, as this study has no arm for them:")[1].split("\n")[0]
     md = (tmp_path / "report" / "matrix.md").read_text()
     assert "## Osprey / EAGLE-3 per cell" in md and "Seed 1:" in md
     # the report is a function of the folder: a second one gives the same documents
