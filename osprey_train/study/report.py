@@ -28,6 +28,7 @@ from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
 from osprey_train.study.claims import check_claims, claim_applies
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.cross_target import cross_target_claims, per_target_rows
+from osprey_train.study.plateau import FLAT_SHARE, LATE_FROM, plateau_rows
 from osprey_train.study.results import collect
 from osprey_train.study.plan import Plan, build_plan
 from osprey_train.study.runner import format_duration, read_record
@@ -285,6 +286,16 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
                   "Top: training loss (sum over TTT steps of decay^k CE_k); bottom: acceptance length on a subset "
                   f"of the in-domain held-out store ({results['settings']['distill']['eval_samples']} samples) during "
                   "training; solid: first seed, dotted: second.", ""]
+        if plateau := plateau_rows(results):
+            lines += ["Did the runs train long enough? Held-out AL (mean over the arm's runs) at the first "
+                      f"evaluation, at the one nearest {LATE_FROM:.0%} of the steps, and at the last:", ""]
+            lines += _table(["arm", "runs", "first", f"at {LATE_FROM:.0%}", "last", "late gain",
+                             "late share of the gain", "straight line's share", "verdict"],
+                            [[f"`{r['arm']}`", str(r["runs"]), _f(r["first"]), _f(r["late_start"]), _f(r["last"]),
+                              f"{r['late_gain']:+.3f}", "–" if r["late_share"] is None else f"{r['late_share']:.0%}",
+                              f"{r['linear_share']:.0%}", r["verdict"]] for r in plateau])
+            lines += ["", f"Flat: under {FLAT_SHARE:.0%} of the gain in the last third, or no late gain; flattening: "
+                          "under half of what a straight line through the same evaluations would put there.", ""]
     if results["stage2"]:
         lines += ["## Stage 2: held-out perplexity vs tokens", "", "![stage 2](stage2.png)", ""]
         rows = []
@@ -432,6 +443,7 @@ def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | N
     results = collect(study, out, plan=plan)
     claims = check_claims(results)
     results["claims"] = claims
+    results["plateau"] = plateau_rows(results)
     files = [write_json(folder / "results.json", results, default=str),
              write_text(folder / "matrix.md", render_matrix_md(results))]
     files += _heatmaps(results, folder)

@@ -160,6 +160,9 @@ def test_status_and_report_of_the_finished_study(finished, tmp_path):
     low_lr = claims["low_lr"]["claim"]
     assert f"| {low_lr} |" not in readme and "Left out, as this study has no arm for them:" in readme
     assert low_lr in readme.split("Left out, as this study has no arm for them:")[1].split("\n")[0]
+    # the late-gain table of the held-out curves, one row per distilled arm, in README and results.json
+    assert "Did the runs train long enough?" in readme
+    assert {r["arm"] for r in doc["plateau"]} == {"osprey", "eagle3", "osprey-kd"}
     md = (tmp_path / "report" / "matrix.md").read_text()
     assert "## Osprey / EAGLE-3 per cell" in md and "Seed 1:" in md
     # the report is a function of the folder: a second one gives the same documents
