@@ -293,7 +293,8 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
                              "late share of the gain", "straight line's share", "verdict"],
                             [[f"`{r['arm']}`", str(r["runs"]), _f(r["first"]), _f(r["late_start"]), _f(r["last"]),
                               f"{r['late_gain']:+.3f}", "–" if r["late_share"] is None else f"{r['late_share']:.0%}",
-                              f"{r['linear_share']:.0%}", r["verdict"]] for r in plateau])
+                              f"{r['linear_share']:.0%}", r["verdict"]] for r in plateau],
+                            "---|---:|---:|---:|---:|---:|---:|---:|---")
             lines += ["", f"Flat: under {FLAT_SHARE:.0%} of the gain in the last third, or no late gain; flattening: "
                           "under half of what a straight line through the same evaluations would put there.", ""]
     if results["stage2"]:
