@@ -380,8 +380,9 @@ def run(cfg: ReportConfig) -> ReportResult:
     if not study.targets:
         return _write_report(study, cfg.out, folder, plan=None)
     plan = build_plan(study, lookup=lambda key: read_record(cfg.out, key))
-    per_target = {t.name: _write_report(study.for_target(t.name), cfg.out, folder / t.name, plan=plan.targets[t.name])
-                  for t in study.targets}
+    # the [report] notes speak of the whole study: the summary carries them, not each target's report
+    per_target = {t.name: _write_report(study.for_target(t.name), cfg.out, folder / t.name, plan=plan.targets[t.name],
+                                        with_notes=False) for t in study.targets}
     missing = [n.label for n in plan.nodes if n.pending or read_record(cfg.out, n) is None]
     results = {"format": "osprey-study-results", "format_version": 1,
                "progress": {"stages": len(plan.nodes), "done": len(plan.nodes) - len(missing), "missing": missing},
@@ -436,10 +437,13 @@ def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult
         row = [_cell(first["claim"]), _cell(first["paper"])]
         row += [_cell(f"{c['ours']} ({c['verdict']})") if (c := by_target.get(n)) else "-" for n in per_target]
         lines.append("| " + " | ".join(row) + " |")
+    if study.report.notes:
+        lines += ["", study.report.notes.read_text(encoding="utf-8").rstrip()]
     return "\n".join(lines) + "\n"
 
 
-def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | None) -> ReportResult:
+def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | None,
+                  with_notes: bool = True) -> ReportResult:
     folder.mkdir(parents=True, exist_ok=True)
     results = collect(study, out, plan=plan)
     claims = check_claims(results)
@@ -452,7 +456,7 @@ def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | N
         path = plot(results, folder / name)
         if path is not None:
             files.append(path)
-    notes = study.report.notes.read_text(encoding="utf-8") if study.report.notes else None
+    notes = study.report.notes.read_text(encoding="utf-8") if study.report.notes and with_notes else None
     study_file = None   # as a user in the repository types it, whatever the current directory
     if study.path is not None:
         study_file = f"{study.path.parent.name}/{study.path.name}" if study.path.parent.name == "studies" \

@@ -79,17 +79,20 @@ def test_rows_and_the_self_speculation_flag():
     assert rows[1][:5] == ["other", "no", "n/a", "n/a", "n/a"]
 
 
-def test_the_summary_readme_says_partial_and_shows_every_target():
+def test_the_summary_readme_says_partial_and_shows_every_target(tmp_path):
     from types import SimpleNamespace
 
     from osprey_train.study.report import ReportResult, render_targets_readme
 
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Notes\n\nWhy the transfer claim is within noise.\n", encoding="utf-8")
     per = {"self": _target("pypi:small", osprey=2.4, eagle3=2.0), "other": _target("pypi:big", osprey=None, eagle3=1.5)}
     for r in per.values():
         r["progress"] = {"done": 3, "stages": 9}
     study = SimpleNamespace(study=SimpleNamespace(name="x", description="two targets"),
                             source=SimpleNamespace(model="pypi:small"),
-                            report=SimpleNamespace(roles={"osprey": "o", "eagle3": "e", "osprey_no_stage2": "n"}),
+                            report=SimpleNamespace(roles={"osprey": "o", "eagle3": "e", "osprey_no_stage2": "n"},
+                                                   notes=notes),
                             targets=[SimpleNamespace(name=n, model=r["target"]) for n, r in per.items()])
     results = {"progress": {"done": 6, "stages": 18}, "cross_target_claims": cross_target_claims(per)}
     text = render_targets_readme(study, {n: ReportResult(dir=None, files=[], results=r) for n, r in per.items()},
@@ -99,3 +102,4 @@ def test_the_summary_readme_says_partial_and_shows_every_target():
     assert "**not measured (1 of 2 targets missing: other)**" in text
     # a claim whose arms the study does not have is left out; one it has stays, measured or not
     assert "| stage2_plain |" in text and "| low_lr |" not in text
+    assert text.rstrip().endswith("## Notes\n\nWhy the transfer claim is within noise.")   # the study's notes

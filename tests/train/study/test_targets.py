@@ -3,6 +3,7 @@ and distilled for each target (another architecture and tokenizer too), one repo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -105,6 +106,13 @@ def test_one_report_per_target_and_a_summary(finished, tmp_path):
     assert cli_res.exit_code == 0 and "report of" in cli_res.output, cli_res.output
     rerun = run(StudyRunConfig(study=cfg, out=out, progress=False))
     assert rerun.ran == [] and read_record(out, rerun.plan.nodes[0]) is not None
+    # the study's [report] notes go into the summary once, not into every target's report
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Notes\n\nWritten for the whole study.\n", encoding="utf-8")
+    with_notes = dataclasses.replace(cfg, report=dataclasses.replace(cfg.report, notes=notes))
+    report(ReportConfig(study=with_notes, out=out, report_dir=tmp_path / "r3"))
+    assert "Written for the whole study." in (tmp_path / "r3" / "README.md").read_text()
+    assert "Written for the whole study." not in (tmp_path / "r3" / "qwen" / "README.md").read_text()
 
 
 def test_several_targets_need_a_source_and_distinct_names(tmp_path, tiny_llama_dir):
