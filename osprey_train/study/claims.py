@@ -28,7 +28,6 @@ CLAIM_ROLES = {"stage2_plain": ("osprey_no_stage2",), "stage2_kd": ("osprey_kd",
                "low_lr": ("osprey_low_lr", "eagle3_low_lr"), "two_layer": ("eagle3_2l",)}
 
 
-
 def claim_applies(claim_id: str, roles: dict) -> bool:
     """Whether a study whose ``[report.roles]`` are ``roles`` has every arm the claim compares."""
     return all(role in roles for role in CLAIM_ROLES.get(claim_id, ()))

@@ -28,10 +28,11 @@ FLAT_SHARE = 0.10     # under this share of its gain in the late stretch, a curv
 def _run_points(curve: dict[str, Any]) -> tuple[float, float, float, float] | None:
     """(first AL, AL near LATE_FROM of the steps, last AL, a straight line's late share) of one run,
     or None with fewer than two evaluations."""
-    points = [(e["step"], e["accept_len"]) for e in curve.get("eval", []) if e.get("accept_len") is not None]
+    # one point per step (the last logged wins), so a resumed run's repeated evaluation counts once
+    by_step = {e["step"]: e["accept_len"] for e in curve.get("eval", []) if e.get("accept_len") is not None}
+    points = sorted(by_step.items())
     if len(points) < 2:
         return None
-    points.sort()
     last_step = points[-1][0]
     late = min(points[:-1], key=lambda p: abs(p[0] - LATE_FROM * last_step))
     linear = (last_step - late[0]) / (last_step - points[0][0])

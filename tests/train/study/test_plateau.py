@@ -29,7 +29,8 @@ def test_verdicts_follow_the_late_share_of_the_gain():
 def test_runs_of_an_arm_are_averaged_and_short_curves_skipped():
     results = {"arms": [{"name": "a"}],
                "curves": [_curve("a", [1.0, 1.2, 1.4, 1.6, 1.8, 2.0]), _curve("a", [1.0, 1.5, 1.8, 1.95, 1.98, 2.0]),
-                          _curve("a", [1.7]), _curve("b", [])]}
+                          _curve("a", [1.7]), _curve("b", []),
+                          {"arm": "c", "eval": [{"step": 40, "accept_len": 1.2}, {"step": 40, "accept_len": 1.3}]}]}
     (row,) = plateau_rows(results)
     assert row["runs"] == 2 and row["late_start"] == pytest.approx((1.6 + 1.95) / 2)
     assert row["late_share"] == pytest.approx(((2.0 - 1.6) + (2.0 - 1.95)) / 2 / 1.0)
