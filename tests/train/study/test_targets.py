@@ -185,6 +185,9 @@ def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp
     spec = tmp_path / "studies" / src.name
     spec.parent.mkdir()
     spec.write_text(src.read_text().replace("../../shared/data/", f"{data}/"))
+    notes = src.with_suffix(".notes.md")     # a [report] notes file travels with its study
+    if notes.is_file():
+        (spec.parent / notes.name).write_text(notes.read_text())
     cfg = load_study(spec)
     assert [t.name for t in cfg.targets] == ["smollm2", "qwen-coder"]
     plan = build_plan(cfg)
