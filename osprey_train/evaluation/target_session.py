@@ -15,9 +15,14 @@ is kept small and independent of the sequence length:
   not ``output_hidden_states`` (every layer's state kept for every forward).
 - **logits**: only for the positions the caller needs (``logits_to_keep``): the last one after
   a prefill or a plain decode step, all ``S + 1`` in a verify forward.
-- **attention**: an SDPA target is switched to :mod:`row_exact_attention`, so that a verify
-  forward gives each row the bits a plain one-row step gives it (lossless greedy decoding in
-  bfloat16, where SDPA's row blocking flips exact logit ties).
+- **exact rows**: greedy speculative decoding is lossless only if a verify forward gives each
+  row the bits a plain one-row step gives it. An SDPA target is switched to
+  :mod:`row_exact_attention`; :meth:`HFTargetSession.make_rows_exact` shapes the linears' calls
+  (:mod:`row_exact_linear`) for blocks up to the verify length, then checks the whole model:
+  verify blocks of every length against one-row steps on a calibration sequence, bit for bit. If
+  a block length still differs (a kernel that neither fix covers), blocks of that length are
+  verified one row at a time (each row a plain step: slower, and still exact). The outcome is
+  :attr:`HFTargetSession.exactness`, which reports print.
 
 Legend: T tokens, L taps, Dt target hidden, V target vocabulary.
 """
@@ -34,6 +39,7 @@ import torch
 from osprey_data.errors import ModelError
 from osprey_data.target_model import TapCapture, decoder_layers
 from osprey_train.evaluation.row_exact_attention import use_row_exact_attention
+from osprey_train.evaluation.row_exact_linear import use_row_exact_linears
 
 __all__ = ["HFTargetSession", "rollback_cache"]
 
@@ -158,6 +164,9 @@ class HFTargetSession:
         self.row_exact = use_row_exact_attention(model) if row_exact else False
         self.tap_layers = tuple(int(i) for i in tap_layers)
         self.device = next(model.parameters()).device
+        self.exactness: dict[str, Any] = {"attention": "row-exact" if self.row_exact else "not row-exact",
+                                          "rows_checked": 0}
+        self._row_by_row: frozenset[int] = frozenset()  # block lengths verified one row at a time
         self.cache: Any = None
         self.length = 0
         self.forwards = 0
@@ -166,6 +175,52 @@ class HFTargetSession:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._logits_kw = "logits_to_keep" if "logits_to_keep" in params else None
+
+    @torch.no_grad()
+    def make_rows_exact(self, max_rows: int, calibration_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        """Make verify blocks of up to ``max_rows`` rows compute what one-row steps compute, and
+        prove it on this machine; returns :attr:`exactness`.
+
+        Shapes the linears (:func:`use_row_exact_linears`), then feeds a calibration sequence
+        (``calibration_ids``, default: spread-out ids of the vocabulary) once as one-row steps and,
+        for every length ``2..max_rows``, as one block after the same past, and compares logits and
+        taps bit for bit. A length that still differs is verified one row at a time from then on.
+        Must run again if the thread count changes (kernels block by it).
+        """
+        if not self.row_exact:
+            raise ModelError("make_rows_exact needs row-exact attention (an SDPA target, row_exact=True)")
+        plans = use_row_exact_linears(self.model, max_rows)
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        past = 16
+        ids = list(calibration_ids) if calibration_ids is not None else \
+            [(7919 * (i + 1)) % vocab for i in range(past + max_rows)]
+        if len(ids) < past + max_rows:
+            raise ValueError(f"calibration needs {past + max_rows} ids, got {len(ids)}")
+        self._row_by_row = frozenset()
+        self.reset(capacity=past + max_rows)
+        self.forward(ids[:past], want_taps=False, logits_for=1)
+        steps = [self.forward([t], want_taps=bool(self.tap_layers)) for t in ids[past: past + max_rows]]
+        split = []
+        for rows in range(2, max_rows + 1):
+            self.crop(past)
+            logits_TV, taps_TLDt = self.forward(ids[past: past + rows], want_taps=bool(self.tap_layers))
+            same = all(torch.equal(logits_TV[t], steps[t][0][0]) for t in range(rows))
+            if self.tap_layers:
+                same = same and all(torch.equal(taps_TLDt[t], steps[t][1][0]) for t in range(rows))
+            if not same:
+                split.append(rows)
+        self._row_by_row = frozenset(split)
+        self.reset()
+        self.exactness = {
+            "attention": "row-exact", "rows_checked": max_rows, "threads": torch.get_num_threads(),
+            "linears": {kernel: plan.describe() for kernel, plan in plans.items()},
+            "row_by_row": sorted(split),
+            "summary": (f"verify rows exact by construction, checked for blocks of 1..{max_rows} rows"
+                        if not split else
+                        f"verify blocks of {sorted(split)} rows computed one row at a time (a kernel here "
+                        f"is not row-invariant): exact, not faster than plain steps"),
+        }
+        return self.exactness
 
     def reset(self, capacity: int = 0) -> None:
         """Start a new sequence; ``capacity`` positions are preallocated in the KV cache."""
@@ -184,6 +239,8 @@ class HFTargetSession:
         over the cache and the new tokens serve tree verification (:mod:`tree_verify`).
         """
         num = len(ids)
+        if num in self._row_by_row and positions is None and attention_mask is None:
+            return self._forward_row_by_row(ids, want_taps=want_taps, logits_for=logits_for)
         input_ids_BT = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         if positions is None:
             position_ids_BT = torch.arange(self.length, self.length + num, device=self.device)[None]
@@ -208,6 +265,17 @@ class HFTargetSession:
             logits_TV = logits_TV[-int(logits_for):]  # models without logits_to_keep return all rows
         taps_TLDt = capture.stacked(dim=2)[0].float() if capture is not None else None
         return logits_TV.float(), taps_TLDt
+
+    def _forward_row_by_row(self, ids: Sequence[int], *, want_taps: bool,
+                            logits_for: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A block as one-row steps (each exactly a plain step); same returns as :meth:`forward`."""
+        outs = [self.forward([t], want_taps=want_taps) for t in ids]
+        self.forwards -= len(ids) - 1  # one verify round, however it was computed
+        logits_TV = torch.cat([o[0] for o in outs])
+        if logits_for is not None:
+            logits_TV = logits_TV[-int(logits_for):]
+        taps_TLDt = torch.cat([o[1] for o in outs]) if want_taps else None
+        return logits_TV, taps_TLDt
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached positions (roll back rejected drafts)."""
