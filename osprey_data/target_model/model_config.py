@@ -21,7 +21,7 @@ Every size is optional: a config lacking one leaves its check to the load.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ class ModelShape:
     """Longest sequence the position encoding covers."""
     model_type: str | None = None
     """HF ``model_type`` of the decoder (``llama``, ``qwen3``, ...; GGUF: its architecture)."""
+    text_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The decoder's config.json keys as written (empty for GGUF), for family checks."""
 
 
 def _first_int(doc: dict[str, Any], keys: tuple[str, ...]) -> int | None:
@@ -78,7 +80,7 @@ def _from_config_json(file: Path) -> ModelShape:
     return ModelShape(path=str(file), num_layers=_first_int(text, _LAYERS), hidden_size=_first_int(text, _HIDDEN),
                       vocab_size=_first_int(text, ("vocab_size",)),
                       max_position_embeddings=_first_int(text, _POSITIONS),
-                      model_type=model_type if isinstance(model_type, str) else None)
+                      model_type=model_type if isinstance(model_type, str) else None, text_config=text)
 
 
 def _from_gguf(file: Path) -> ModelShape | None:

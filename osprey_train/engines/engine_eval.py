@@ -50,6 +50,7 @@ from osprey_train.drafters.registry import drafter_spec
 from osprey_train.engines.compare import PromptComparison, first_difference, reconcile
 from osprey_train.engines.engine_report import EngineReport, ExportSummary, summarize_export
 from osprey_train.engines.rig import ENGINES, find_rig, run_driver
+from osprey_train.evaluation.early_checks import check_drafter_on_target
 from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round
 from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.live import LiveConfig
@@ -247,6 +248,8 @@ def _exports(config: EngineEvalConfig) -> list[Path]:
 
 def run(config: EngineEvalConfig) -> EngineReport:
     """Export, offline walk, live decoding, the engine's runs, and the report (written to ``out``)."""
+    # the drafter's sizes against the target's config.json first: milliseconds, and no venv needed
+    check_drafter_on_target(config.drafter, config.target, command="eval engine")
     # a missing venv fails before any work (SGLang probed with the run's settings: CPU engine or not)
     probe = sglang_env(config.threads, None, config.device) if config.engine == "sglang" else None
     rig = find_rig(config.engine, config.venv, env=probe)
