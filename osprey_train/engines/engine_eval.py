@@ -248,11 +248,11 @@ def _exports(config: EngineEvalConfig) -> list[Path]:
 
 def run(config: EngineEvalConfig) -> EngineReport:
     """Export, offline walk, live decoding, the engine's runs, and the report (written to ``out``)."""
-    # the drafter's sizes against the target's config.json first: milliseconds, and no venv needed
-    check_drafter_on_target(config.drafter, config.target, command="eval engine")
     # a missing venv fails before any work (SGLang probed with the run's settings: CPU engine or not)
     probe = sglang_env(config.threads, None, config.device) if config.engine == "sglang" else None
     rig = find_rig(config.engine, config.venv, env=probe)
+    # the drafter's sizes against the target's config.json: before --out is made or any model loads
+    check_drafter_on_target(config.drafter, config.target, command="eval engine")
     config.out.mkdir(parents=True, exist_ok=True)
     list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
     from transformers import AutoTokenizer, GenerationConfig

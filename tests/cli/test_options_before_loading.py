@@ -222,12 +222,15 @@ def test_live_pre_formatted_text_prompt(tmp_path, tiny_llama_dir, no_weights):
                     tmp_path / "p.jsonl", "--device", "cpu"], no_weights, "p.jsonl:1", "conversation")
 
 
-def test_engine_drafter_of_another_target(tmp_path, tiny_llama_dir, no_weights):
-    # refused before the engine's venv is looked for, too: this machine has none
+def test_engine_drafter_of_another_target(tmp_path, tiny_llama_dir, no_weights, monkeypatch):
+    import osprey_train.engines.engine_eval as engine_eval
+
+    monkeypatch.setattr(engine_eval, "find_rig", lambda *a, **k: None)   # this machine has no engine venv
     (tmp_path / "p.jsonl").write_text('{"conversations": [{"role": "user", "content": "hi"}]}\n')
     _refused_early(["eval", "engine", "--drafter", _drafter(tmp_path, vocab_size=500, draft_vocab_size=500),
                     "--target", tiny_llama_dir, "--input", tmp_path / "p.jsonl", "--out", tmp_path / "run"],
                    no_weights, "eval engine", str(tiny_llama_dir / "config.json"), "vocab_size drafter 500 vs target 384")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("command", ["acceptance", "sweep", "matrix"])
