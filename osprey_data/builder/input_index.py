@@ -42,6 +42,8 @@ class InputIndex:
     lines: array = field(default_factory=lambda: array("q"))
     errors: SkipLog = field(default_factory=SkipLog)
     """This worker's malformed input records (``--on-error skip``)."""
+    has_conversations: bool = False
+    """Some sample is a conversation (rendered with the chat template), not pre-formatted text."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -59,6 +61,7 @@ class InputIndex:
             self.file_of.append(len(self.files) - 1)
         self.ids.append(sample.sample_id)
         self.lines.append(sample.line)
+        self.has_conversations = self.has_conversations or not sample.is_text
 
 
 def _mine(config: BuildConfig, errors: SkipLog | None) -> Iterator[InputSample]:

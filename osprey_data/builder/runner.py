@@ -49,14 +49,15 @@ from osprey_data.builder.output import check_output, replace_output
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.conversation import (ChatRenderer, InputSample, RenderedSample, read_chat_template,
                                       use_chat_template)
-from osprey_data.errors import (ConfigError, InputError, Interrupted, ManifestMismatchError, ModelError,
+from osprey_data.errors import (InputError, Interrupted, ManifestMismatchError, ModelError,
                                 StoreNotFoundError)
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.store import StoreHeader, StoreReader, StoreWriter
 from osprey_data.store.fs import StoreFS
 from osprey_data.store.worker_lock import WorkerLock
 from osprey_data.store.writer import worker_name
-from osprey_data.target_model import TapLayers, chat_template_hash, default_tap_layers, peek_num_layers
+from osprey_data.target_model import (TapLayers, chat_template_hash, check_chat_template, default_tap_layers,
+                                     peek_model_config)
 
 __all__ = ["run", "BuildSummary", "BUILDER_VERSION", "SEQUENCE_LAYOUT", "make_header", "SKIP_REASONS"]
 
@@ -154,13 +155,8 @@ def make_header(config: BuildConfig, backend: TargetBackend):
     )
 
 
-def _checked_layers(layers: tuple[int, ...], num_layers: int) -> TapLayers:
-    taps = TapLayers(layer_ids=tuple(layers))
-    try:
-        taps.check_target(num_layers)
-    except ConfigError as exc:
-        raise ConfigError(f"--taps: {exc}") from None
-    return taps
+def _checked_layers(layers: tuple[int, ...], num_layers: int, source: str | None = None) -> TapLayers:
+    return TapLayers.for_target(layers, num_layers, option="--taps", source=source)
 
 
 def _setting_differences(old: dict[str, Any], new: dict[str, Any], keys: Any) -> list[str]:
@@ -182,14 +178,19 @@ def _existing_header(config: BuildConfig) -> StoreHeader | None:
         return None
 
 
-def _check_before_loading(config: BuildConfig) -> str:
-    """Every check that needs no model: ``--out``, ``--layers`` against the target's config, and the
-    content settings against an existing store. Returns :func:`check_output`'s verdict."""
+def _check_before_loading(config: BuildConfig, inputs: InputIndex) -> str:
+    """Every check that needs no model: ``--out``, ``--taps`` against the target's config.json, the
+    chat template's presence (for conversation inputs), and the content settings against an
+    existing store. Returns :func:`check_output`'s verdict."""
     verdict = check_output(config.out, overwrite=config.overwrite)
-    if config.layers is not None:
-        num_layers = peek_num_layers(config.target, config.gguf_file)
-        if num_layers is not None:
-            _checked_layers(config.layers, num_layers)
+    shape = peek_model_config(config.target, config.gguf_file)
+    if shape is not None and shape.num_layers is not None:
+        if config.layers is not None:
+            _checked_layers(config.layers, shape.num_layers, shape.path)
+        else:
+            default_tap_layers(shape.num_layers)   # a target too shallow for the default taps
+    if config.chat_template is None and inputs.has_conversations:
+        check_chat_template(config.target, config.gguf_file)
     if verdict == "store":
         # another live process writing as this worker: say so now, not after the model loads (the
         # writer takes the lock for good when it opens the store) -- also for a fresh store whose
@@ -432,7 +433,7 @@ def run(config: BuildConfig) -> BuildSummary:
     """
     t0 = time.perf_counter()
     inputs = index_inputs(config)   # every record checked; this worker's kept compactly
-    verdict = _check_before_loading(config)
+    verdict = _check_before_loading(config, inputs)
     with GracefulStop() as stop, torch_threads(config.threads, note_to_stderr if config.progress else None):
         try:
             backend = BACKENDS[config.backend](config)

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from osprey_data.errors import ConfigError, InputError
-from osprey_data.target_model.identity import text_config
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["load_hf_target", "resolve_device", "check_device", "DEVICE_FORMS", "split_gguf", "check_target_exists", "peek_num_layers"]
+__all__ = ["load_hf_target", "resolve_device", "check_device", "DEVICE_FORMS", "split_gguf", "check_target_exists"]
 
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
@@ -68,23 +67,6 @@ def check_target_exists(name_or_path: str, gguf_file: str | None = None) -> tupl
     if gguf is not None and Path(folder).exists() and not (Path(folder) / gguf).is_file():
         raise InputError(f"target {name_or_path!r}: GGUF file {gguf!r} not found in {folder}")
     return folder, gguf
-
-
-def peek_num_layers(name_or_path: str, gguf_file: str | None = None) -> int | None:
-    """The target's decoder-layer count from its config alone (no weights loaded), so that options
-    naming layers are checked before a model loads; None when the config cannot be read without
-    the full load (which then reports the problem itself)."""
-    from transformers import AutoConfig
-
-    folder, gguf = check_target_exists(name_or_path, gguf_file)
-    if not Path(folder).expanduser().exists():
-        return None  # a hub id: reading its config may need the network; the load checks it
-    kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf is not None else {}
-    try:
-        config = AutoConfig.from_pretrained(str(Path(folder).expanduser()), **kwargs)
-        return int(text_config(config).num_hidden_layers)
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
-        return None
 
 
 def load_hf_target(name_or_path: str, *, gguf_file: str | None = None, device: str = "cpu",

@@ -69,12 +69,28 @@ class TapLayers:
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
 
-    def check_target(self, num_layers: int) -> None:
-        """Raise :class:`ConfigError` unless every id lies within ``1 .. num_layers - 1``."""
+    def check_target(self, num_layers: int, *, source: str | None = None) -> None:
+        """Raise :class:`ConfigError` unless every id lies within ``1 .. num_layers - 1``.
+
+        ``source`` names where ``num_layers`` was read (the target's ``config.json``)."""
         bad = [i for i in self.layer_ids if i > num_layers - 1]
         if bad:
+            read = f", per {source}" if source else ""
             raise ConfigError(f"tap layers {list(self.layer_ids)}: {bad} outside 1..{num_layers - 1} for a target "
-                              f"of {num_layers} layers (hidden_states[{num_layers}] is the final normed state)")
+                              f"of {num_layers} layers{read} (hidden_states[{num_layers}] is the final normed state); "
+                              f"choose ids within 1..{num_layers - 1}")
+
+    @classmethod
+    def for_target(cls, layer_ids: Sequence[int], num_layers: int, *, option: str,
+                   source: str | None = None) -> "TapLayers":
+        """The taps ``layer_ids`` given with ``option``, checked to exist in a target of ``num_layers``
+        layers; the one check both before loading (``source``: the config.json) and after."""
+        taps = cls.checked(layer_ids, where=option)
+        try:
+            taps.check_target(num_layers, source=source)
+        except ConfigError as exc:
+            raise ConfigError(f"{option}: {exc}, or leave {option} out for the default taps") from None
+        return taps
 
     @property
     def num_taps(self) -> int:

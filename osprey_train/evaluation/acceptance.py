@@ -53,9 +53,10 @@ from tqdm.auto import tqdm
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
-from osprey_data.target_model import check_compatible, resolve_device
+from osprey_data.target_model import resolve_device
 from osprey_data.text import printable
 from osprey_train.evaluation.chain_draft import draft_all_positions
+from osprey_train.evaluation.early_checks import check_drafter_on_store
 from osprey_train.evaluation.options import AcceptanceConfig
 from osprey_train.evaluation.sampled_acceptance import (
     SampledTally,
@@ -364,12 +365,12 @@ def _sampled_report(tally: SampledTally, temperature: float, reason: str | None,
 def load_drafter_and_store(drafter_dir, store: str, *, device: str = "cpu", command: str = "acceptance"):
     """The drafter and the store reader, checked to belong to the same target.
 
-    The store is opened first: a missing or damaged store fails before the drafter loads.
+    The store is opened first, then the drafter's config.json is checked against its header: a
+    missing or damaged store, or a drafter of another target, fails before the drafter's weights load.
     """
     reader = StoreReader(store)
+    check_drafter_on_store(drafter_dir, reader, where=f"{command}: drafter {drafter_dir} on store {store}")
     drafter = load_drafter(drafter_dir, device=resolve_device(device))
-    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
-                     where=f"{command}: drafter {drafter_dir} on store {store}")
     return drafter, reader
 
 

@@ -28,6 +28,7 @@ from osprey_data.conversation import iter_inputs, read_chat_template, stop_token
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device, resolve_precision
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
+from osprey_train.evaluation.early_checks import check_drafter_on_target, check_live_prompts
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.options import LiveConfig
@@ -49,6 +50,10 @@ def run(config: LiveConfig) -> LiveReport:
 def _run(config: LiveConfig) -> LiveReport:
     device = resolve_device(config.device)
     samples = list(iter_inputs(config.inputs))  # a malformed prompt file fails before any model loads
+    # config-only checks (issue 37): prompts, chat template, the drafter's sizes vs the target's config.json
+    check_live_prompts(samples, config.target, config.gguf_file, config.chat_template)
+    check_drafter_on_target(config.drafter, config.target, config.gguf_file, command="live",
+                            hint="use the drafter's own target, or convert one for this target")
     precision = resolve_precision(config.precision, device, what="live: --precision")
     draft_precision = precision if config.draft_precision is None else \
         resolve_precision(config.draft_precision, device, what="live: --draft-precision")

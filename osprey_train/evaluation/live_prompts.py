@@ -16,7 +16,7 @@ from typing import Any
 from osprey_data.conversation import ChatRenderer, InputSample, iter_inputs
 from osprey_data.errors import InputError
 
-__all__ = ["LivePrompt", "load_prompts"]
+__all__ = ["LivePrompt", "load_prompts", "check_prompt_sample"]
 
 
 @dataclass
@@ -27,6 +27,14 @@ class LivePrompt:
     domain: str
     prompt_ids: list[int]
 
+
+
+def check_prompt_sample(sample: InputSample) -> None:
+    """Raise :class:`InputError` unless ``sample`` can be a live prompt (needs no tokenizer, so it
+    runs before any model loads too)."""
+    if sample.is_text:
+        raise InputError(f"{sample.file}:{sample.line}: sample {sample.sample_id!r} is pre-formatted 'text'; live "
+                         f"decoding needs a conversation (or 'prompt') ending in a user turn")
 
 
 def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: int | None = None,
@@ -40,9 +48,7 @@ def load_prompts(inputs: tuple[str, ...] | list[str], tokenizer: Any, *, limit: 
     order: list[str] = []
     for sample in (samples if samples is not None else iter_inputs(list(inputs))):
         where = f"{sample.file}:{sample.line}"
-        if sample.is_text:
-            raise InputError(f"{where}: sample {sample.sample_id!r} is pre-formatted 'text'; live decoding "
-                             f"needs a conversation (or 'prompt') ending in a user turn")
+        check_prompt_sample(sample)
         users = [i for i, m in enumerate(sample.conversation) if m["role"] == "user"]
         conversation = sample.conversation[: users[-1] + 1]
         try:

@@ -25,8 +25,9 @@ from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError, Interrupted
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.store import StoreReader
-from osprey_data.target_model import check_compatible, resolve_device
+from osprey_data.target_model import resolve_device
 from osprey_train.evaluation.acceptance import evaluate_acceptance
+from osprey_train.evaluation.early_checks import check_drafter_on_store
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.models import load_drafter
 
@@ -202,17 +203,20 @@ def run(cfg: MatrixConfig) -> MatrixResult:
     cells = _load_partial(partial_path, identity)
     total = len(cfg.drafters) * len(readers)
     reused = len(cells)
+    # every pair still to compute, from the drafters' config.json: a misfit fails before any weights load
+    for i, (dname, dpath) in enumerate(cfg.drafters):
+        for j, (sname, reader) in enumerate(readers):
+            if f"{i},{j}" not in cells:
+                check_drafter_on_store(dpath, reader, where=f"matrix: drafter {dname!r} on store {sname!r}")
     with GracefulStop() as stop, torch_threads(cfg.threads, note_to_stderr if cfg.progress else None):
         try:
-            for i, (dname, dpath) in enumerate(cfg.drafters):
+            for i, (_, dpath) in enumerate(cfg.drafters):
                 if all(f"{i},{j}" in cells for j in range(len(readers))):
                     continue
                 drafter = load_drafter(dpath, device=resolve_device(cfg.device))
-                for j, (sname, reader) in enumerate(readers):
+                for j, (_, reader) in enumerate(readers):
                     if f"{i},{j}" in cells:
                         continue
-                    check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
-                                     where=f"matrix: drafter {dname!r} on store {sname!r}")
                     rep = evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
                                               impl=cfg.attention, progress=cfg.progress,
                                               temperature=cfg.temperature,

@@ -13,12 +13,13 @@ from typing import Callable
 
 from osprey_data.cpu_threads import check_threads, note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.export.common import DTYPES
 from osprey_train.export.hf import read_hf, write_hf
 from osprey_train.export.serving import ServingRecommendation, recommend
 from osprey_train.export.sglang import read_sglang, write_sglang
 from osprey_train.export.vllm import read_vllm, write_vllm
-from osprey_train.models.io import load_drafter
+from osprey_train.models.io import load_drafter, read_drafter_config
 
 __all__ = ["ExportConfig", "ExportResult", "run", "EXPORTERS", "load_export"]
 
@@ -84,13 +85,17 @@ def run(config: ExportConfig) -> ExportResult:
     extra = {}
     if config.format == "sglang":  # read the sweep before the model: a bad file fails first
         extra["serving"] = recommend(config.sweep)
+    # the drafter's config.json decides the checks: they fail before its weights load
+    drafter_config = read_drafter_config(config.drafter)
+    drafter_spec(drafter_config.arch).check_export(drafter_config, config.format)   # the writer checks it again
+    serving = extra.get("serving")
+    if serving is not None and serving.shape.topk > drafter_config.draft_vocab_size:
+        raise ConfigError(f"export --sweep {config.sweep}: its best shape has topk {serving.shape.topk}, more "
+                          f"than the {drafter_config.draft_vocab_size} draft tokens of --drafter "
+                          f"{Path(config.drafter) / 'config.json'}; the sweep is of another drafter or edited: "
+                          "sweep this drafter again")
     with torch_threads(config.threads, note_to_stderr):
         model = load_drafter(config.drafter)
-        serving = extra.get("serving")
-        if serving is not None and serving.shape.topk > model.config.draft_vocab_size:
-            raise ConfigError(f"export --sweep {config.sweep}: its best shape has topk {serving.shape.topk}, more "
-                              f"than the drafter's {model.config.draft_vocab_size} draft tokens; the sweep is of "
-                              "another drafter or edited: sweep this drafter again")
         writer, _ = EXPORTERS[config.format]
         writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
                **extra)

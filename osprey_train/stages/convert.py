@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -32,13 +33,15 @@ import torch
 
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import InputError
+from osprey_data.store import StoreReader
+from osprey_data.target_model import peek_model_config
 from osprey_train.drafters.eagle3 import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from osprey_train.drafters.registry import drafter_spec
-from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
+from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf, hf_family
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.models.osprey import OspreyDrafter, init_w_c
 from osprey_train.stages.configs import ConvertConfig
-from osprey_train.stages.eagle3_init import VOCAB_FILE, Eagle3InitConfig, draft_vocab_from_store
+from osprey_train.stages.eagle3_init import VOCAB_FILE, Eagle3InitConfig, check_draft_vocab_size, draft_vocab_from_store
 from osprey_train.stages.eagle3_init import run as run_eagle3
 from osprey_train.stages.prune import load_source
 from osprey_train.stages.target_side import TargetSide, resolve_target_side
@@ -105,8 +108,16 @@ def convert_osprey(config: ConvertConfig) -> ConvertResult:
     if not (config.backbone / "config.json").is_file():
         raise InputError(f"convert: --backbone {config.backbone} has no config.json; pass the HF folder "
                          "written by `osprey train prune` / `osprey train pretrain`")
-    backbone, source_tokenizer = load_source(str(config.backbone))
+    # what config files tell comes first: the backbone's family, the target's taps and vocabulary,
+    # the store's tokenizer; the target (without --store) and then the backbone load last
+    shape = peek_model_config(str(config.backbone), option="--backbone")
+    if shape is not None:
+        hf_family(SimpleNamespace(**shape.text_config), where=shape.path)
+    if config.draft_vocab_size is not None:
+        header = StoreReader(config.store).header
+        check_draft_vocab_size(config.draft_vocab_size, header.target.vocab_size, source=f"store {config.store}")
     side = resolve_target_side(target=config.target, store=config.store, taps=config.taps)
+    backbone, source_tokenizer = load_source(str(config.backbone))
     draft_ids, vocab_stats = None, None
     if config.draft_vocab_size is not None:
         draft_ids, vocab_stats = draft_vocab_from_store(config.store, side.identity.vocab_size,

@@ -24,7 +24,7 @@ from torch import nn
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError, ModelError
 from osprey_data.store import StoreReader
-from osprey_data.target_model import check_compatible
+from osprey_data.target_model import check_compatible, peek_model_config
 from osprey_train.distill_data.packing import StorePacker
 from osprey_train.distill_data.prefetch import BatchPrefetcher
 from osprey_train.evaluation.acceptance import evaluate_acceptance
@@ -94,17 +94,23 @@ class DistillTask:
         self.target_head = None
         if cfg.target_dist == "full":
             path = cfg.target_model or self.reader.header.target.name_or_path
+            shape = peek_model_config(path, option="--target-model")
+            if shape is not None and None not in (shape.vocab_size, shape.hidden_size):   # before the head loads
+                self._check_target_head(shape.vocab_size, shape.hidden_size, where=shape.path)
             self.target_head = load_target_head(path)
-            if (self.target_head.vocab_size, self.target_head.hidden_size) != (
-                    self.reader.header.target.vocab_size, self.reader.header.target.hidden_size):
-                raise ModelError(f"{path}: LM head is {tuple(self.target_head.weight_VtDt.shape)}, the store's "
-                                 f"target has vocab {self.reader.header.target.vocab_size} and hidden "
-                                 f"{self.reader.header.target.hidden_size}; pass the right --target-model")
+            self._check_target_head(self.target_head.vocab_size, self.target_head.hidden_size, where=path)
         self.eval_reader = None
         if cfg.eval_store:
             self.eval_reader = StoreReader(cfg.eval_store)
             check_compatible(self.drafter_config, self.eval_reader.header.target, taps=self.eval_reader.header.taps,
                              where=f"distill --eval-store {cfg.eval_store}")
+
+    def _check_target_head(self, vocab: int, hidden: int, *, where: str) -> None:
+        target = self.reader.header.target
+        if (vocab, hidden) != (target.vocab_size, target.hidden_size):
+            raise ModelError(f"distill --target-model: {where}: LM head is ({vocab}, {hidden}), the store's "
+                             f"target has vocab {target.vocab_size} and hidden {target.hidden_size}; pass the "
+                             "right --target-model")
 
     # -- TrainTask --
     def build_model(self) -> nn.Module:

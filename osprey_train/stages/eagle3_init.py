@@ -31,7 +31,7 @@ from osprey_train.models.io import write_drafter_folder
 from osprey_train.stages.target_side import resolve_target_side
 
 __all__ = ["Eagle3InitConfig", "Eagle3InitResult", "run", "loss_masked_token_counts", "select_draft_vocab",
-           "draft_vocab_from_store", "init_eagle3", "VOCAB_FILE"]
+           "draft_vocab_from_store", "check_draft_vocab_size", "init_eagle3", "VOCAB_FILE"]
 
 VOCAB_FILE = "draft_vocab.json"
 
@@ -90,11 +90,18 @@ def loss_masked_token_counts(store: str, vocab_size: int) -> np.ndarray:
     return counts
 
 
+def check_draft_vocab_size(size: int, vocab: int, *, source: str | None = None) -> None:
+    """Refuse a draft vocabulary larger than the target's (``source``: where ``vocab`` was read)."""
+    if size > vocab:
+        read = f" (per {source})" if source else ""
+        raise ConfigError(f"convert: --draft-vocab {size} exceeds the target vocabulary ({vocab}){read}; "
+                          f"pass --draft-vocab {vocab} or less")
+
+
 def select_draft_vocab(counts_V: np.ndarray, size: int) -> np.ndarray:
     """Top-``size`` ids by count (ties: lower id first), padded with unused low ids, sorted ascending."""
     vocab = counts_V.shape[0]
-    if size > vocab:
-        raise ConfigError(f"convert: --draft-vocab {size} exceeds the target vocabulary ({vocab})")
+    check_draft_vocab_size(size, vocab)
     order = np.lexsort((np.arange(vocab), -counts_V))  # by count desc, then id asc
     return np.sort(order[:size])
 
@@ -153,6 +160,8 @@ def run(config: Eagle3InitConfig) -> Eagle3InitResult:
     """Build the EAGLE-3 baseline drafter for the store's target and write it to ``config.out``."""
     if config.out.exists() and not config.overwrite:
         raise ConfigError(f"convert: output folder {config.out} exists; pass --overwrite or choose another --out")
+    header = StoreReader(config.store).header   # before the target loads: its vocabulary bounds --draft-vocab
+    check_draft_vocab_size(config.draft_vocab_size, header.target.vocab_size, source=f"store {config.store}")
     side = resolve_target_side(target=config.target, store=config.store, taps=None, need_model=True)
     draft_ids, stats = draft_vocab_from_store(config.store, side.identity.vocab_size, config.draft_vocab_size)
     model = init_eagle3(side.model, side.identity, side.taps, draft_ids, seed=config.seed,

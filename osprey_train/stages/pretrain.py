@@ -37,6 +37,7 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ from torch.nn import functional as F
 from osprey_data.corpus import TokenCorpus, WindowSampler, load_tokenizer, tokenizer_identity
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError, InputError
-from osprey_data.target_model import load_hf_target
+from osprey_data.target_model import load_hf_target, peek_model_config
 from osprey_train.stages.configs import PretrainConfig
 from osprey_train.trainer.loop import TrainResult, check_resume_request, train
 from osprey_train.trainer.resume_check import check_resume_config
@@ -93,16 +94,47 @@ class PretrainTask:
         self.train_range, self.heldout_range = (tr0, tr1), (ho0, ho1)
         self.sampler = WindowSampler(self.corpus, tr0, tr1, cfg.seq_len + 1, cfg.loop.seed)
         self.eval_starts = self._heldout_starts()
+        self._check_before_loading()
         self.teacher = self._load_teacher() if cfg.teacher is not None else None
         self._teacher_eval: dict[str, float] | None = None
 
-    def _load_teacher(self) -> nn.Module:
-        teacher, tokenizer = load_hf_target(self.cfg.teacher, device="cpu")
+    def _check_before_loading(self) -> None:
+        """What config.json and the tokenizers tell, before the teacher's or the model's weights load:
+        the corpus's vocabulary fits the model's, the teacher's vocabulary and tokenizer are the model's."""
+        cfg = self.cfg
+        model = peek_model_config(str(cfg.model), option="--model")
+        if model is not None and model.vocab_size is not None:
+            self._check_embeds_corpus(model.vocab_size, where=model.path)
+        if cfg.teacher is None:
+            return
+        teacher = peek_model_config(cfg.teacher, option="--teacher")
+        if model is not None and teacher is not None and None not in (model.vocab_size, teacher.vocab_size):
+            self._check_same_vocab(model.vocab_size, teacher.vocab_size, where=f"{model.path} vs {teacher.path}")
+        if Path(cfg.teacher).expanduser().is_dir():   # a folder's tokenizer loads without its weights
+            self._check_teacher_tokenizer(load_tokenizer(str(Path(cfg.teacher).expanduser())))
+
+    def _check_embeds_corpus(self, embedded: int, *, where: str) -> None:
+        if self.corpus.tokenizer["vocab_size"] > embedded:
+            raise ConfigError(f"{self.cfg.corpus}: tokenizer has {self.corpus.tokenizer['vocab_size']} tokens but "
+                              f"{self.cfg.model} embeds only {embedded} ({where}); tokenize the corpus with "
+                              f"--tokenizer {self.cfg.model}")
+
+    def _check_same_vocab(self, student_v: int, teacher_v: int, *, where: str) -> None:
+        if student_v != teacher_v:
+            raise ConfigError(f"pretrain --teacher {self.cfg.teacher}: its LM head has {teacher_v} rows, "
+                              f"{self.cfg.model}'s has {student_v} ({where}); the logits must cover the same "
+                              "vocabulary: pass the unpruned source the backbone was pruned from")
+
+    def _check_teacher_tokenizer(self, tokenizer: Any) -> None:
         ident = tokenizer_identity(tokenizer, self.cfg.teacher)
         if ident["hash"] != self.corpus.tokenizer["hash"]:
             raise ConfigError(f"pretrain --teacher {self.cfg.teacher}: its tokenizer (hash {ident['hash'][:12]}) is "
                               f"not the corpus's ({self.cfg.corpus}, hash {self.corpus.tokenizer['hash'][:12]}); "
                               "the teacher must be the unpruned source the backbone was pruned from")
+
+    def _load_teacher(self) -> nn.Module:
+        teacher, tokenizer = load_hf_target(self.cfg.teacher, device="cpu")
+        self._check_teacher_tokenizer(tokenizer)
         teacher.config.use_cache = False
         for p in teacher.parameters():
             p.requires_grad_(False)
@@ -133,16 +165,10 @@ class PretrainTask:
         except Exception as exc:   # transformers raises many types for a bad folder
             raise InputError(f"{self.cfg.model}: cannot load as AutoModelForCausalLM ({type(exc).__name__}: {exc})") \
                 from None
-        emb = model.get_input_embeddings().num_embeddings
-        if self.corpus.tokenizer["vocab_size"] > emb:
-            raise ConfigError(f"{self.cfg.corpus}: tokenizer has {self.corpus.tokenizer['vocab_size']} tokens but "
-                              f"{self.cfg.model} embeds only {emb}")
+        self._check_embeds_corpus(model.get_input_embeddings().num_embeddings, where="its input embedding")
         if self.teacher is not None:
-            student_v = model.get_output_embeddings().weight.shape[0]
-            teacher_v = self.teacher.get_output_embeddings().weight.shape[0]
-            if student_v != teacher_v:
-                raise ConfigError(f"pretrain --teacher {self.cfg.teacher}: its LM head has {teacher_v} rows, "
-                                  f"{self.cfg.model}'s has {student_v}; the logits must cover the same vocabulary")
+            self._check_same_vocab(model.get_output_embeddings().weight.shape[0],
+                                   self.teacher.get_output_embeddings().weight.shape[0], where="loaded LM heads")
         model.config.use_cache = False
         return model
 

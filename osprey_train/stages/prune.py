@@ -17,9 +17,9 @@ from typing import Any
 
 from osprey_data.atomic import atomic_dir, write_json
 from osprey_data.errors import ConfigError, ModelError
-from osprey_data.target_model import load_hf_target
+from osprey_data.target_model import load_hf_target, peek_model_config
 
-__all__ = ["PruneConfig", "PruneResult", "run", "prune_model", "load_source", "save_hf_atomic"]
+__all__ = ["PruneConfig", "PruneResult", "run", "prune_model", "check_kept_layers", "load_source", "save_hf_atomic"]
 
 
 @dataclass(kw_only=True)
@@ -73,14 +73,20 @@ def _decoder_layers_owner(model: Any) -> Any:
     return decoder
 
 
+def check_kept_layers(num_layers: int, total: int, *, where: str) -> None:
+    """Refuse to keep more blocks than the source has (``where``: the source, or its config.json)."""
+    if num_layers > total:
+        raise ConfigError(f"prune --layers {num_layers}: {where} has {total} decoder layers; cannot keep "
+                          f"{num_layers}: pass --layers 1..{total}")
+
+
 def prune_model(model: Any, num_layers: int, *, where: str = "source") -> list[str]:
     """Cut ``model`` (in place) to its first ``num_layers`` blocks; returns the patched config keys."""
     import torch
 
     decoder = _decoder_layers_owner(model)
     total = len(decoder.layers)
-    if num_layers > total:
-        raise ConfigError(f"prune: {where} has {total} decoder layers; cannot keep {num_layers}")
+    check_kept_layers(num_layers, total, where=where)
     decoder.layers = torch.nn.ModuleList(list(decoder.layers)[:num_layers])
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     patched = ["num_hidden_layers"]
@@ -115,6 +121,9 @@ def save_hf_atomic(model: Any, tokenizer: Any, out: Path, extra: dict[str, Any] 
 
 def run(config: PruneConfig) -> PruneResult:
     """Load the source, keep its first N blocks, write an HF checkpoint to ``config.out``."""
+    shape = peek_model_config(config.source, config.gguf_file, option="--source")
+    if shape is not None and shape.num_layers is not None:   # before the weights load
+        check_kept_layers(config.layers, shape.num_layers, where=shape.path)
     model, tokenizer = load_source(config.source, gguf_file=config.gguf_file)
     total = len(_decoder_layers_owner(model).layers)
     patched = prune_model(model, config.layers, where=config.source)
