@@ -47,7 +47,7 @@ def run(study_file: str, out: Path | None, cache: str | None, progress: bool) ->
     Osprey does not ship fails at once, naming the file and where to get it.
 
     \b
-    Examples:
+    Example:
       osprey study run smollm2-quick --out study-runs/smollm2-quick
       osprey study run studies/smollm2-cpu.toml --out study-runs/smollm2-cpu
     """

@@ -115,3 +115,21 @@ def test_device_options_default_alike():
                 if "--device" in getattr(p, "opts", ()):
                     defaults[f"{group} {name}".strip()] = p.default
     assert len(defaults) >= 6 and set(defaults.values()) == {"auto"}, defaults
+
+
+def test_the_readme_input_example_parses_with_the_real_reader(tmp_path):
+    """The README's example input lines are what ``osprey data build --input`` reads: both shapes,
+    normalized to role/content turns, the optional keys kept and a missing id derived."""
+    from osprey_data.conversation.inputs import iter_inputs
+
+    blocks = re.findall(r"```jsonl\n(.*?)```", README, flags=re.S)
+    assert len(blocks) == 1, "the README shows one input example (```jsonl)"
+    path = tmp_path / "example.jsonl"
+    path.write_text(blocks[0], encoding="utf-8")
+    samples = list(iter_inputs([str(path)]))
+    assert len(samples) == len(blocks[0].strip().splitlines()) == 2
+    chat, math = samples
+    assert chat.sample_id == "chat-1" and chat.domain == "chat"
+    assert [t["role"] for t in chat.conversation] == ["user", "assistant"]
+    assert math.domain == "math" and math.conversation == [{"role": "user", "content": "What is 12 * 7?"}]
+    assert math.sample_id and math.sample_id != chat.sample_id
