@@ -36,6 +36,15 @@ def test_ci_runs_the_readme_commands_as_written():
     assert "pip install" not in main_env.replace("pip install -q --upgrade pip", "")  # none of its own
 
 
+def test_ci_refuses_a_base_interpreter_with_torch_before_making_its_venv():
+    """CI's base interpreter lacks torch, as a new user's: a test that starts it by mistake (a
+    link to sys.executable outside a venv) fails in CI, not only on the user's machine."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    guard = ci.find('for m in ("torch", "transformers")')
+    assert 0 < guard < ci.find("python3 -m venv .venv"), "the base-interpreter check must come first"
+    assert "_base_executable" in ci[:guard] and "exit 2" in ci[guard:ci.find("python3 -m venv .venv")]
+
+
 def test_readme_install_line_installs_what_the_test_line_needs():
     commands = _readme_commands()
     install, test = commands["install"], commands["test"]
