@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,48 @@ os.environ.setdefault("OSPREY_CPU_BF16", "0")
 # Tests must never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# Tests write only under their tmp paths. The one default folder they could reach unasked is the
+# shard cache of remote stores ($OSPREY_STORE_CACHE, default $OSPREY_CACHE/stores): a test that
+# reads an s3:// store without naming a cache (or whose monkeypatch.undo() dropped the one its
+# fixture named) wrote ~500 KB there on every run. $OSPREY_CACHE itself stays the user's: the
+# engine and demo tests read the real SmolLM2 from it. The session points the store cache at a
+# folder of its own and fails at the end if anything landed there or in the user's folder.
+_STORE_CACHE_KEY = pytest.StashKey[tuple]()
+
+
+def _user_store_cache() -> Path:
+    named = os.environ.get("OSPREY_STORE_CACHE", "").strip()
+    if named and named.lower() not in ("off", "0", "none", "false"):
+        return Path(named).expanduser()
+    base = os.environ.get("OSPREY_CACHE")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "osprey") / "stores"
+
+
+def _entries(folder: Path) -> set[str]:
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+@pytest.hookimpl(trylast=True)  # after the tmpdir plugin has made config._tmp_path_factory
+def pytest_configure(config):
+    user = _user_store_cache()
+    fallback = Path(config._tmp_path_factory.mktemp("unnamed-store-cache", numbered=True))
+    config.stash[_STORE_CACHE_KEY] = (user, _entries(user), fallback)
+    os.environ["OSPREY_STORE_CACHE"] = str(fallback)  # subprocesses inherit it
+
+
+def pytest_sessionfinish(session, exitstatus):
+    user, before, fallback = session.config.stash[_STORE_CACHE_KEY]
+    found = [f"{user}/{name}" for name in sorted(_entries(user) - before)]
+    found += [f"{fallback}/{name} (a test read a remote store without naming its cache under tmp_path)"
+              for name in sorted(_entries(fallback))]
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line("the tests wrote into the default store cache: " + "; ".join(found), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,10 +15,8 @@ import configparser
 import json
 import os
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -26,10 +24,12 @@ import pytest
 
 from osprey_cli.main import COMMANDS
 from tests.helpers.tiny_study import write_tiny_study
+from tests.helpers.venvs import venv_over_ours
 
 ROOT = Path(__file__).resolve().parents[1]
 # What setuptools needs to build the wheel; copied so the build never writes into the checkout.
-_SOURCES = ("pyproject.toml", "setup.py", "README.md", "osprey_data", "osprey_train", "cli", "schemas")
+_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "osprey_data", "osprey_train", "cli", "schemas",
+            "studies")
 
 
 # import name -> repository folder, as setup.py maps them
@@ -94,6 +94,14 @@ def test_wheel_ships_schemas_and_the_console_script(wheel):
     assert dict(entry_points["console_scripts"]) == {"osprey": "osprey_cli.main:main"}
 
 
+def test_wheel_ships_the_study_presets_and_their_notes(wheel):
+    names = set(wheel.namelist())
+    shipped = sorted([*(ROOT / "studies").glob("*.toml"), *(ROOT / "studies").glob("*.md")])
+    assert any(p.name == "smollm2-quick.toml" for p in shipped)
+    missing = [p.name for p in shipped if f"osprey_train/study/presets/{p.name}" not in names]
+    assert not missing, missing
+
+
 def test_installed_names_map_to_the_repository_folders():
     """The editable install used by CI maps the prefixed names onto ``cli/`` and ``schemas/``."""
     import osprey_cli.main
@@ -141,17 +149,8 @@ def installed(wheel_path, tmp_path_factory) -> Path:
     hooked in by its own ``.pth``) stays out, and the test below checks that ``osprey_*`` is
     imported from the venv.
     """
-    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    bindir = venv / "bin"
-    py = bindir / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    outer = []
-    for path in [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]:
-        if path not in outer and Path(path).is_dir():
-            outer.append(path)
-    Path(purelib, "_outer_dependencies.pth").write_text("\n".join(outer) + "\n", encoding="utf-8")
+    py = venv_over_ours(tmp_path_factory.mktemp("wheel-venv") / "venv", with_pip=True)
+    bindir = py.parent
     done = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel_path)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -226,3 +225,24 @@ def test_the_tiny_study_runs_from_the_installed_wheel(installed, tmp_path, tiny_
     assert done.returncode == 0, done.stderr[-2000:]
     state = json.loads(done.stdout)
     assert state["done"] == state["total"] > 0, state
+
+
+def test_presets_resolve_by_name_from_the_installed_wheel(installed, tmp_path):
+    """``osprey study ... NAME`` finds a shipped preset in the install, not in a checkout: the one
+    that needs only shipped data loads (its prompts are package data), one that reads the project's
+    shared data fails at once with one line naming the missing file and where it comes from."""
+    env = _clean_env()
+    done = subprocess.run([str(installed / "osprey"), "study", "status", "smollm2-quick", "--out", str(tmp_path / "q"),
+                           "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads(done.stdout)
+    assert state["done"] == 0 < state["total"], state
+    done = subprocess.run([str(installed / "osprey"), "study", "run", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert "smollm2-quick" in done.stdout and "smollm2-cpu" in done.stdout, done.stdout
+    done = subprocess.run([str(installed / "osprey"), "study", "status", "preset:smollm2-cpu", "--out",
+                           str(tmp_path / "c")], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert "site-packages" in lines[0] and "chat.train.jsonl does not exist" in lines[0], lines[0]
+    assert "prompts of this study are not shipped with Osprey" in lines[0], lines[0]

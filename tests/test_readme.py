@@ -36,6 +36,15 @@ def test_ci_runs_the_readme_commands_as_written():
     assert "pip install" not in main_env.replace("pip install -q --upgrade pip", "")  # none of its own
 
 
+def test_ci_refuses_a_base_interpreter_with_torch_before_making_its_venv():
+    """CI's base interpreter lacks torch, as a new user's: a test that starts it by mistake (a
+    link to sys.executable outside a venv) fails in CI, not only on the user's machine."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    guard = ci.find('for m in ("torch", "transformers")')
+    assert 0 < guard < ci.find("python3 -m venv .venv"), "the base-interpreter check must come first"
+    assert "_base_executable" in ci[:guard] and "exit 2" in ci[guard:ci.find("python3 -m venv .venv")]
+
+
 def test_readme_install_line_installs_what_the_test_line_needs():
     commands = _readme_commands()
     install, test = commands["install"], commands["test"]
@@ -115,3 +124,21 @@ def test_device_options_default_alike():
                 if "--device" in getattr(p, "opts", ()):
                     defaults[f"{group} {name}".strip()] = p.default
     assert len(defaults) >= 6 and set(defaults.values()) == {"auto"}, defaults
+
+
+def test_the_readme_input_example_parses_with_the_real_reader(tmp_path):
+    """The README's example input lines are what ``osprey data build --input`` reads: both shapes,
+    normalized to role/content turns, the optional keys kept and a missing id derived."""
+    from osprey_data.conversation.inputs import iter_inputs
+
+    blocks = re.findall(r"```jsonl\n(.*?)```", README, flags=re.S)
+    assert len(blocks) == 1, "the README shows one input example (```jsonl)"
+    path = tmp_path / "example.jsonl"
+    path.write_text(blocks[0], encoding="utf-8")
+    samples = list(iter_inputs([str(path)]))
+    assert len(samples) == len(blocks[0].strip().splitlines()) == 2
+    chat, math = samples
+    assert chat.sample_id == "chat-1" and chat.domain == "chat"
+    assert [t["role"] for t in chat.conversation] == ["user", "assistant"]
+    assert math.domain == "math" and math.conversation == [{"role": "user", "content": "What is 12 * 7?"}]
+    assert math.sample_id and math.sample_id != chat.sample_id

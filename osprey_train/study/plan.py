@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osprey_data.corpus.packaged import packaged_corpus
 from osprey_data.digest import file_sha256
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.drafters.registry import drafter_spec
@@ -292,10 +293,15 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
         nonlocal corpus
         assert cfg.corpus is not None and prune is not None
         if corpus is None:
-            corpus = b.add(Node("corpus", {"files": [file_digest(f) for f in cfg.corpus.files],
+            # a packaged corpus enters by its pinned sha256 (known before it is fetched): the same
+            # key as the identical file named by path
+            packaged = [packaged_corpus(name) for name in cfg.corpus.packaged]
+            corpus = b.add(Node("corpus", {"files": [file_digest(f) for f in cfg.corpus.files]
+                                           + [c.sha256 for c in packaged],
                                            "text_field": cfg.corpus.text_field}, {"tokenizer": prune},
                                 label="tokenize the generic corpus",
-                                cost=sum(f.stat().st_size for f in cfg.corpus.files) / 1e6))
+                                cost=(sum(f.stat().st_size for f in cfg.corpus.files)
+                                      + sum(c.bytes for c in packaged)) / 1e6))
         p = cfg.pretrain
         deps = {"model": prune, "corpus": corpus}
         if variant == "kd":   # the teacher input makes the KD run; its kd_* settings apply to it only

@@ -363,10 +363,19 @@ def _setup(results: dict) -> list[str]:
               f"{ds['ttt_steps']} (decay {ds['ttt_decay']}), lr {ds['lr']:g} x the arm's scale, warmup "
               f"{ds['warmup_ratio']:g}, cosine; draft vocabulary "
               f"{ds['draft_vocab'] or 'full (Osprey) / 32000 (EAGLE-3)'} for both architectures.",
-              f"- Stage 2: {pt['steps']} steps x {pt['batch_size']} x {pt['seq_len']} tokens "
-              f"({pt['steps'] * pt['batch_size'] * pt['seq_len']:,} tokens) on {', '.join(results['corpus'] or [])}, "
-              f"lr {pt['lr']:g}.", ""]
+              _stage2_line(results, pt), ""]
     return lines
+
+
+def _stage2_line(results: dict, pt: dict) -> str:
+    """Stage 2 as it ran: the [pretrain] defaults of a study whose arms skip it describe nothing."""
+    if results.get("stage2"):
+        return (f"- Stage 2: {pt['steps']} steps x {pt['batch_size']} x {pt['seq_len']} tokens "
+                f"({pt['steps'] * pt['batch_size'] * pt['seq_len']:,} tokens) on {', '.join(results['corpus'] or [])}, "
+                f"lr {pt['lr']:g}.")
+    if any(a.get("stage2", "none") != "none" for a in results.get("arms", [])):
+        return "- Stage 2: not finished yet."
+    return "- Stage 2: none (no arm of this study pretrains on generic text)."
 
 
 def run(cfg: ReportConfig) -> ReportResult:

@@ -168,7 +168,8 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         "settings": {name: config_json(getattr(cfg, name)) for name in
                      ("stores", "prune", "pretrain", "distill", "eval", "live") if getattr(cfg, name) is not None},
         "target": cfg.target.model, "source": cfg.source.model,
-        "corpus": [f.name for f in cfg.corpus.files] if cfg.corpus else None,
+        "corpus": [*(f.name for f in cfg.corpus.files), *(f"{name} (npm)" for name in cfg.corpus.packaged)]
+        if cfg.corpus else None,
         "domains": [{"name": d.name, "train_file": d.train.name, "eval_file": d.eval.name if d.eval else None,
                      "train_samples": d.train_samples, "eval_samples": d.eval_samples} for d in cfg.domains],
         "arms": [{**config_json(a), "lr": cfg.arm_distill(a).lr, "steps": cfg.arm_distill(a).steps}

@@ -30,6 +30,7 @@ from osprey_data.builder.runner import run as build
 from osprey_data.conversation import read_records
 from osprey_data.corpus import TokenizeCorpusConfig
 from osprey_data.corpus import run as tokenize_corpus
+from osprey_data.corpus.packaged import fetch_corpus, packaged_corpus
 from osprey_data.errors import InputError
 from osprey_data.store import StoreReader
 from osprey_data.target_model.fetch import fetch_smollm2
@@ -148,7 +149,9 @@ def _prune(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[st
 
 def _corpus(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str, Any]:
     assert ctx.cfg.corpus is not None
-    return tokenize_corpus(TokenizeCorpusConfig(tokenizer=str(inputs.out("tokenizer")), inputs=list(ctx.cfg.corpus.files),
+    packaged = [fetch_corpus(packaged_corpus(name), ctx.cache, ctx.log) for name in ctx.cfg.corpus.packaged]
+    return tokenize_corpus(TokenizeCorpusConfig(tokenizer=str(inputs.out("tokenizer")),
+                                                inputs=[*ctx.cfg.corpus.files, *packaged],
                                                 out_dir=work / OUTPUTS["corpus"], text_field=node.settings["text_field"],
                                                 progress=ctx.progress))
 

@@ -16,6 +16,7 @@ from osprey_data.builder.backends.vllm import VLLMBackend, engine_env, find_vllm
 from osprey_data.builder.backends.vllm_rig.driver import cleanup_capture, completion_result, topk_row
 from osprey_data.builder.config import BuildConfig
 from osprey_data.errors import BackendUnavailableError, ConfigError
+from tests.helpers.venvs import venv_over_ours
 
 
 @dataclass
@@ -111,9 +112,10 @@ def test_missing_venv_is_one_line_naming_the_setup_script(tiny_llama_dir, monkey
 def test_venv_without_vllm_fails_at_start_with_the_driver_error(tiny_llama_dir, monkeypatch, tmp_path):
     """The real driver process in an interpreter lacking vLLM: its first answer is the import
     error, which the backend raises as one line naming the kept engine log."""
+    # A real venv with our packages (torch, ...) but no vLLM: a bare link to sys.executable would
+    # start the base interpreter, which may lack torch, and the error would name torch instead.
     venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(sys.executable)
+    venv_over_ours(venv)
     monkeypatch.setenv("OSPREY_VLLM_VENV", str(venv))
     with pytest.raises(BackendUnavailableError, match="No module named 'vllm'") as err:
         VLLMBackend(_config(tiny_llama_dir, dtype="float32"))

@@ -84,3 +84,19 @@ def test_cli_prune(tiny_llama_dir, tmp_path):
     res = runner.invoke(cli, ["train", "prune", "--source", str(tmp_path / "missing"), "--layers", "1",
                               "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "no such folder" in res.output
+
+
+def test_an_existing_out_is_refused_unless_overwrite_as_the_help_says(tmp_path, tiny_llama_dir):
+    """A second prune into the same --out refuses (a careful user's earlier run is not lost by a
+    repeated command line); --overwrite replaces it. The help of --out must say so, not 'replaced'."""
+    from osprey_cli.main import cli
+
+    help_text = " ".join(CliRunner().invoke(cli, ["train", "prune", "--help"]).output.split())
+    assert "refused unless --overwrite" in help_text and "replaced if it exists" not in help_text, help_text
+    out = tmp_path / "pruned"
+    run(PruneConfig(source=str(tiny_llama_dir), layers=2, out=out))
+    with pytest.raises(ConfigError, match="exists; pass --overwrite"):
+        run(PruneConfig(source=str(tiny_llama_dir), layers=3, out=out))
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2   # untouched
+    run(PruneConfig(source=str(tiny_llama_dir), layers=3, out=out, overwrite=True))
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
