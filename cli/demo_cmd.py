@@ -40,7 +40,8 @@ def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, sour
     Example:
       osprey demo --quick --out osprey-demo
     """
-    from osprey_train.demo.pipeline import DemoConfig, run
+    from osprey_train.demo.pipeline import DemoConfig, lossless_failure, run
+    from osprey_train.evaluation.live_report import lossless_line
 
     result = run(DemoConfig(out=out, quick=quick, target=target, gguf_file=gguf_file, source=source,
                             prompts=prompts, device=device, cache=cache, train_prompts=train_prompts,
@@ -49,5 +50,10 @@ def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, sour
                             **({} if lr is None else {"lr": lr})))
     s = result.summary
     click.echo(f"acceptance length: offline {s['offline']['distilled']['overall']:.3f}, "
-               f"live {s['live']['acceptance_length']:.3f}; speedup x{s['live']['speedup']:.2f}; "
+               f"live {s['live']['acceptance_length']:.3f}; speedup x{s['live']['speedup']:.2f}, "
+               f"{lossless_line(s['live'].get('greedy_identical'), s['live']['num_prompts'])}; "
                f"report: {result.report_md}")
+    failure = lossless_failure(s)
+    if failure is not None:
+        click.echo(f"error: {failure}", err=True)
+        raise SystemExit(1)

@@ -55,9 +55,18 @@ def live(tree: str | None, as_json: bool, **params: Any) -> None:
         if config.show_text:
             doc["texts"] = texts
         click.echo(json.dumps(doc, indent=2))
-        return
-    click.echo(report.to_markdown(), nl=False)
-    if config.show_text:
-        click.echo("\n## Generated text\n")
-        for t in texts:
-            click.echo(f"### {printable(t['id'])} ({printable(t['domain'])})\n\n{printable_text(t['text'])}\n")
+    else:
+        click.echo(report.to_markdown(), nl=False)
+        if config.show_text:
+            click.echo("\n## Generated text\n")
+            for t in texts:
+                click.echo(f"### {printable(t['id'])} ({printable(t['domain'])})\n\n{printable_text(t['text'])}\n")
+    if report.lossless is False:
+        # greedy verification must never change the output: a split is a bug, never a figure
+        split = [s["id"] for s in report.samples if s.get("identical") is False]
+        click.echo(f"error: greedy speculative output differs from plain decoding on {len(split)} of "
+                   f"{report.num_prompts} prompts ({', '.join(map(printable, split[:5]))}"
+                   f"{', ...' if len(split) > 5 else ''}; first divergence at token {min(report.divergences)}); "
+                   f"verify rows: {report.exactness.get('summary', 'unknown')}. Keep --out FILE and report it",
+                   err=True)
+        raise SystemExit(1)

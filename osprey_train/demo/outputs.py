@@ -26,7 +26,8 @@ from osprey_data.errors import ConfigError
 
 __all__ = ["STABLE_NAMES", "publish_outputs"]
 
-STABLE_NAMES = {"drafter": "drafter", "train_store": "stores/train", "eval_store": "stores/eval"}
+STABLE_NAMES = {"drafter": "drafter", "train_store": "stores/train", "eval_store": "stores/eval",
+                "train_prompts": "prompts/train.jsonl", "eval_prompts": "prompts/eval.jsonl"}
 """Output role -> its path under the demo's ``--out`` folder."""
 
 
@@ -48,7 +49,7 @@ def publish_outputs(out: Path, targets: dict[str, Path]) -> dict[str, Path]:
         link.parent.mkdir(parents=True, exist_ok=True)
         tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
         tmp.unlink(missing_ok=True)
-        os.symlink(relative, tmp, target_is_directory=True)
+        os.symlink(relative, tmp, target_is_directory=Path(target).is_dir())
         os.replace(tmp, link)   # atomic: the old link, or the new one, never neither
         made[role] = link
     return made

@@ -138,11 +138,15 @@ def run(cfg: DemoConfig) -> DemoResult:
         "load_average_after": machine_load()[0],
         "cpu_threads": read_record(work, plan.live)["threads"], "study_folder": str(work),
         "stages_reused": done.reused,
+        "target_path": result(plan.live.deps["target"])["path"],
     }
     # the distilled drafter and the stores under stable names, for the next commands (eval, export)
     resolved = {"drafter": output_path(stage_dir(work, plan.drafters[key]), "distill"),
                 "train_store": output_path(stage_dir(work, plan.drafters[key].deps["store"]), "store"),
-                "eval_store": output_path(stage_dir(work, plan.cells[(*key, DOMAIN)].deps["store"]), "store")}
+                "eval_store": output_path(stage_dir(work, plan.cells[(*key, DOMAIN)].deps["store"]), "store"),
+                "train_prompts": output_path(stage_dir(work, plan.drafters[key].deps["store"].deps["prompts"]),
+                                             "prompts"),
+                "eval_prompts": output_path(stage_dir(work, plan.live.deps["prompts"]), "prompts")}
     links = publish_outputs(cfg.out, resolved)
     summary["paths"] = {role: str(path) for role, path in links.items()}
     summary["resolved"] = {role: str(path) for role, path in resolved.items()}
@@ -151,12 +155,34 @@ def run(cfg: DemoConfig) -> DemoResult:
     md, png = write_report(summary, cfg.out)
     summary["timings_s"]["report"] = time.perf_counter() - report_t0
     summary["timings_s"]["total"] = time.perf_counter() - t0
+    summary["report_md"] = str(md)
     write_json(cfg.out / "demo.json", summary, default=str)
     if cfg.progress:
         paths = summary["paths"]
         print(f"[demo done +{summary['timings_s']['total']:.0f}s] report: {md}; distilled drafter: "
-              f"{paths['drafter']}; stores: {paths['train_store']} (train), {paths['eval_store']} (eval)", flush=True)
+              f"{paths['drafter']}; stores: {paths['train_store']} (train), {paths['eval_store']} (eval); "
+              f"prompts: {paths['train_prompts']}, {paths['eval_prompts']}", flush=True)
+        print(f"[demo] next: {next_step(summary)}", flush=True)
     return DemoResult(out=cfg.out, report_md=md, report_png=png, summary=summary)
+
+
+def next_step(summary: dict[str, Any]) -> str:
+    """The command that runs the demo's drafter on the held-out prompts with more tokens (a user's first
+    step after the demo)."""
+    paths = summary["paths"]
+    return (f"osprey eval live --drafter {paths['drafter']} --target {summary['target_path']} "
+            f"--input {paths['eval_prompts']} --steps 3 --max-new-tokens 96  (docs/live.md; then docs/study.md)")
+
+
+def lossless_failure(summary: dict[str, Any]) -> str | None:
+    """The error to raise when greedy speculative output differed from plain decoding (never a figure)."""
+    live = summary["live"]
+    identical, total = live.get("greedy_identical"), live.get("num_prompts")
+    if identical is None or identical == total:
+        return None
+    return (f"demo: greedy speculative output differs from plain decoding on {total - identical} of {total} "
+            f"held-out prompts (verify rows: {live.get('exactness', {}).get('summary', 'unknown')}). This is a "
+            f"bug: speculative decoding must not change greedy output. The report is in {summary['report_md']}")
 
 
 def busy_warning(load: float | None, cores: int, *, quick: bool) -> str | None:

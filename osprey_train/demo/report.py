@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_text
+from osprey_train.evaluation.live_report import lossless_line
 
 __all__ = ["write_report", "render_markdown", "plot", "figure", "limits_sentence", "acceptance_axis",
            "domain_counts", "reading_note"]
@@ -72,9 +73,11 @@ def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> st
         "",
         reading_note(summary),
         "",
-        f"Offline vs live (same drafter, same prompts): difference {diff:+.4f}. The store holds exactly the "
-        f"ids the target generated, so greedy offline acceptance equals live acceptance; a gap means the "
-        f"live run stopped differently (e.g. another max_new_tokens) or the store is not greedy.",
+        f"Offline vs live (same drafter, same prompts): difference {diff:+.4f}. The eval store and live "
+        f"decoding both ran the target in {live.get('precision', {}).get('target', '?')}: the store's "
+        f"responses are the target's greedy output, so greedy offline acceptance equals live acceptance; a "
+        f"gap means the live run stopped differently (e.g. another max_new_tokens), or the builder's batched "
+        f"forward and live single-stream decoding broke a near-tie of two logits differently.",
         "",
         "## Speed (same run, same prompts)",
         "",
@@ -86,7 +89,8 @@ def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> st
         f"{_fmt(live['spec_tokens_per_s'], 1)} |",
         "",
         f"Speedup x{_fmt(live['speedup'], 2)}. Greedy speculative outputs identical to plain decoding: "
-        f"{live['greedy_identical']}/{live['num_prompts']}.",
+        f"{lossless_line(live.get('greedy_identical'), live['num_prompts'])}. Verify rows: "
+        f"{live.get('exactness', {}).get('summary', 'not recorded')}.",
         "",
         f"![offline vs live]({png_name})",
         "",

@@ -32,8 +32,8 @@ from osprey_train.evaluation.early_checks import check_drafter_on_target, check_
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.options import LiveConfig
-from osprey_train.evaluation.live_report import LiveReport, summarize
-from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
+from osprey_train.evaluation.live_report import LiveReport, first_divergence, summarize
+from osprey_train.evaluation.spec_decode import HFTargetSession, make_exact, plain_generate, speculative_generate
 from osprey_train.evaluation.tree_decode import check_tree_target, tree_speculative_generate
 from osprey_train.evaluation.tree_live_drafter import TreeDrafterSession
 from osprey_train.models import load_drafter
@@ -81,6 +81,8 @@ def _run(config: LiveConfig) -> LiveReport:
     else:
         check_tree_target(target)
         session = TreeDrafterSession(drafter, kv=config.draft_kv, target_vocab_size=vocab, tap_codec=config.tap_codec)
+    exactness = make_exact(target, config.steps + 1 if config.tree is None else config.tree.num_draft_tokens + 1,
+                           tree=config.tree is not None, context=precision.context())
 
     # one autocast region for both models: a bf16-autocast drafter under a float32 target (or the
     # reverse) is not offered, as autocast cannot be scoped to one model's forward cheaply
@@ -117,18 +119,20 @@ def _run(config: LiveConfig) -> LiveReport:
             plain_results.append(plain(prompt, config.max_new_tokens))
         res = spec_results[-1]
         identical = (res.output_ids == plain_results[-1].output_ids) if (config.baseline and greedy) else None
+        divergence = first_divergence(res.output_ids, plain_results[-1].output_ids) if identical is False else None
         samples.append({"id": prompt.sample_id, "domain": prompt.domain, "tokens": len(res.output_ids),
                         "verify_steps": len(res.accept_lengths), "accept_lengths": res.accept_lengths,
                         "drafted": res.drafted, "accepted": res.accepted,
                         "seconds": res.seconds, "plain_seconds": plain_results[-1].seconds if config.baseline else None,
                         "plain_tokens": len(plain_results[-1].output_ids) if config.baseline else None,
-                        "identical": identical, "finish_reason": res.finish_reason,
+                        "identical": identical, "first_divergence": divergence, "finish_reason": res.finish_reason,
                         "output_ids": list(res.output_ids),
                         "text": tokenizer.decode(list(res.output_ids), skip_special_tokens=False,
                                                  clean_up_tokenization_spaces=False)})
     report = summarize(samples, steps=steps, temperature=config.temperature, baseline=config.baseline)
     report.target, report.drafter = config.target, config.drafter
     report.precision = {"target": precision.name, "drafter": draft_precision.name}
+    report.exactness = exactness
     if config.tree is not None:
         report.tree = {**config.tree.to_dict(), "kv": config.draft_kv}
     if config.out:

@@ -14,7 +14,27 @@ from typing import Any
 from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import per_position_rates
 
-__all__ = ["LiveReport", "summarize"]
+__all__ = ["LiveReport", "first_divergence", "lossless_line", "summarize"]
+
+
+def first_divergence(spec_ids: list[int], plain_ids: list[int]) -> int | None:
+    """The first position where two outputs differ (the shorter one's length if one is a prefix
+    of the other), or None when they are identical."""
+    for i, (a, b) in enumerate(zip(spec_ids, plain_ids)):
+        if a != b:
+            return i
+    return None if len(spec_ids) == len(plain_ids) else min(len(spec_ids), len(plain_ids))
+
+
+def lossless_line(identical: int | None, total: int, divergences: list[int] | None = None) -> str:
+    """``identical k/n``, and when k < n, the loud statement that the output is not lossless."""
+    if identical is None:
+        return "identical: not checked (sampling, or no plain baseline)"
+    if identical == total:
+        return f"identical {identical}/{total}"
+    where = f"; first divergence at token {min(divergences)}" if divergences else ""
+    return (f"identical {identical}/{total}: NOT LOSSLESS (speculative output differs from plain decoding{where}); "
+            f"a speedup over it does not count")
 
 
 @dataclass
@@ -48,6 +68,9 @@ class LiveReport:
     drafter: str = ""
     precision: dict[str, str] = field(default_factory=dict)
     """The precisions the run used: ``{"target": ..., "drafter": ...}`` (``auto`` resolved)."""
+    exactness: dict[str, Any] = field(default_factory=dict)
+    """What makes the verify rows exact here (:meth:`HFTargetSession.make_rows_exact`): its
+    ``summary`` and the linears' plans."""
     tree: dict | None = None
     """Tree drafting: ``{steps, topk, num_draft_tokens, kv}``; None = chain drafting of ``steps``."""
 
@@ -62,6 +85,16 @@ class LiveReport:
         return self.plain_tokens / self.plain_seconds
 
     @property
+    def lossless(self) -> bool | None:
+        """Every greedy output identical to plain decoding (None: not checked)."""
+        return None if self.greedy_identical is None else self.greedy_identical == self.num_prompts
+
+    @property
+    def divergences(self) -> list[int]:
+        """First divergent token of each prompt whose output differs from plain decoding."""
+        return [s["first_divergence"] for s in self.samples if s.get("first_divergence") is not None]
+
+    @property
     def speedup(self) -> float | None:
         plain = self.plain_tokens_per_s
         return self.spec_tokens_per_s / plain if plain else None
@@ -69,7 +102,7 @@ class LiveReport:
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc.update(spec_tokens_per_s=self.spec_tokens_per_s, plain_tokens_per_s=self.plain_tokens_per_s,
-                   speedup=self.speedup)
+                   speedup=self.speedup, lossless=self.lossless)
         return doc
 
     def to_markdown(self) -> str:
@@ -94,10 +127,14 @@ class LiveReport:
         lines.append("Per-position acceptance: " + ", ".join(f"{k + 1}: {r:.3f}" for k, r in enumerate(self.per_position)))
         speed = f"speculative {self.spec_tokens_per_s:.1f} tok/s"
         if self.plain_tokens_per_s is not None:
-            speed += f", target alone {self.plain_tokens_per_s:.1f} tok/s, speedup x{self.speedup:.2f}"
+            speed += (f", target alone {self.plain_tokens_per_s:.1f} tok/s, speedup x{self.speedup:.2f}, "
+                      + lossless_line(self.greedy_identical, self.num_prompts, self.divergences))
         lines.append(speed)
         if self.greedy_identical is not None:
-            lines.append(f"Greedy outputs identical to plain decoding: {self.greedy_identical}/{self.num_prompts}")
+            lines.append(f"Greedy outputs identical to plain decoding: {self.greedy_identical}/{self.num_prompts}"
+                         + ("" if self.lossless else " (NOT LOSSLESS)"))
+        if self.exactness.get("summary"):
+            lines.append(f"Verify rows: {self.exactness['summary']}")
         return "\n".join(printable(line) for line in lines) + "\n"  # domains come from the prompt files
 
 

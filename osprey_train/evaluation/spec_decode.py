@@ -24,10 +24,11 @@ Legend: T tokens, L taps, Dt target hidden, S draft steps, V target vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +43,7 @@ __all__ = [
     "plain_generate",
     "prefill",
     "cut_emitted",
+    "make_exact",
 ]
 
 
@@ -96,6 +98,26 @@ def _choose(logits_V: torch.Tensor, temperature: float, generator: torch.Generat
     if temperature <= 0:
         return int(logits_V.argmax())
     return sample_from(probs_from_logits(logits_V, temperature), generator)
+
+
+def make_exact(target: HFTargetSession, max_rows: int, *, tree: bool = False, context: Any = None) -> dict[str, Any]:
+    """Make ``target``'s verify blocks of up to ``max_rows`` rows row-exact and return what was
+    established (:meth:`HFTargetSession.make_rows_exact`), for the report.
+
+    ``tree``: tree verification feeds tree masks, whose rows row-exact attention does not cover
+    (they go through SDPA); the linears are still shaped, and the result says the rows are not exact.
+    ``context``: the precision's autocast context, entered around the check.
+    """
+    if not target.row_exact:
+        return {"summary": "attention is not row-exact (not an SDPA target): greedy output may split from "
+                           "plain decoding at ties"}
+    with context if context is not None else contextlib.nullcontext():
+        exactness = dict(target.make_rows_exact(max_rows))
+    if tree:
+        exactness["summary"] = ("tree-masked verify rows go through SDPA, not row-exact attention: greedy tree "
+                                "decoding can split from plain decoding at near-ties (chain drafting is exact)")
+        exactness["tree"] = True
+    return exactness
 
 
 def cut_emitted(new_ids: list[int], eos_ids: frozenset[int], room: int) -> tuple[list[int], bool]:

@@ -266,8 +266,8 @@ EvalStage = stage_table(
 
 LiveStage = stage_table(
     "LiveStage", "The live decoding run (:class:`LiveConfig` options), from [live] and [eval].",
-    Source(LiveConfig, only=("steps", "max_new_tokens", "limit", "temperature", "tap_codec")),
-    derived=("steps", "max_new_tokens", "limit", "temperature", "tap_codec"))
+    Source(LiveConfig, only=("steps", "max_new_tokens", "limit", "temperature", "tap_codec", "precision")),
+    derived=("steps", "max_new_tokens", "limit", "temperature", "tap_codec", "precision"))
 
 ConvertSection = stage_table(
     "ConvertSection", "Stage 3 settings of one drafter (:class:`ConvertConfig` options), all from the study: "

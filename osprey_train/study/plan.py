@@ -371,8 +371,10 @@ def _live_node(cfg: StudyConfig, target: Node, prompts: dict, drafters: dict, ce
     lv = cfg.live
     assert lv is not None
     steps = lv.draft_steps or cfg.eval.draft_steps
+    # the stores' precision: live output is then the stored text, offline and live acceptance are over
+    # the same responses (and the key changes with it: a live run in another precision is another run)
     settings = LiveStage(steps=steps, max_new_tokens=lv.max_new_tokens, limit=lv.prompts, temperature=0.0,
-                         tap_codec=lv.tap_codec)
+                         tap_codec=lv.tap_codec, precision=target.payload.dtype)
     if lv.arm == "best":
         candidates = {k: n for k, n in cells.items() if k[2] == k[3] and (lv.domain is None or k[2] == lv.domain)}
         values = {}

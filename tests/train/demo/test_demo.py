@@ -13,7 +13,7 @@ import pytest
 from osprey_data.errors import ConfigError, InputError
 from osprey_data.store import StoreReader
 from osprey_train.demo.config import DemoConfig
-from osprey_train.demo.pipeline import run, shipped_prompts, split_prompts
+from osprey_train.demo.pipeline import lossless_failure, next_step, run, shipped_prompts, split_prompts
 from osprey_train.models import load_drafter
 
 
@@ -67,7 +67,17 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     # the drafter and both stores under stable names (relative links into the stage folders)
     demo = tmp_path / "demo"
     assert doc["paths"] == {"drafter": str(demo / "drafter"), "train_store": str(demo / "stores" / "train"),
-                            "eval_store": str(demo / "stores" / "eval")}
+                            "eval_store": str(demo / "stores" / "eval"),
+                            "train_prompts": str(demo / "prompts" / "train.jsonl"),
+                            "eval_prompts": str(demo / "prompts" / "eval.jsonl")}
+    assert len((demo / "prompts" / "eval.jsonl").read_text(encoding="utf-8").splitlines()) == 5
+    # the store and live decoding ran in one precision, and the report says what made verify rows exact
+    assert live["precision"]["target"] == "float32"
+    assert live["exactness"]["summary"].startswith("verify rows exact by construction")
+    assert "Verify rows: verify rows exact" in md and "identical 5/5" in md
+    assert f"--input {demo / 'prompts' / 'eval.jsonl'}" in next_step(doc)
+    assert lossless_failure(doc) is None
+    assert "differs from plain decoding on 1 of 5" in lossless_failure({**doc, "live": {**live, "greedy_identical": 4}})
     for role, link in doc["paths"].items():
         assert Path(link).is_symlink() and Path(link).resolve() == Path(doc["resolved"][role]).resolve()
     assert load_drafter(demo / "drafter").config.arch == "osprey"

@@ -21,6 +21,11 @@ def test_links_are_relative_and_follow_the_out_folder(tmp_path):
     out = tmp_path / "demo"
     targets = {"drafter": _stage(out, "distill-aaa"), "train_store": _stage(out, "store-bbb"),
                "eval_store": _stage(out, "store-ccc")}
+    for split in ("train", "eval"):   # the prompt files are files, linked as files
+        prompts = out / "work" / "stages" / f"prompts-{split}" / "prompts.jsonl"
+        prompts.parent.mkdir(parents=True)
+        prompts.write_text(f'{{"prompt": "{split}"}}\n')
+        targets[f"{split}_prompts"] = prompts
     links = publish_outputs(out, targets)
     assert {r: p.relative_to(out).as_posix() for r, p in links.items()} == STABLE_NAMES
     for role, link in links.items():
@@ -31,6 +36,7 @@ def test_links_are_relative_and_follow_the_out_folder(tmp_path):
     out.rename(moved)   # a relative link survives moving the whole output folder
     assert (moved / "drafter" / "config.json").read_text() == "distill-aaa"
     assert (moved / "stores" / "eval" / "config.json").read_text() == "store-ccc"
+    assert (moved / "prompts" / "eval.jsonl").read_text() == '{"prompt": "eval"}\n'
 
 
 def test_rerun_replaces_each_link_and_never_a_users_folder(tmp_path):
