@@ -65,6 +65,13 @@ GOAL_HARNESS = 0.95
 GOAL_BREAK_EVEN_S3 = 1.6
 
 
+def lossless_line(identical: int | None, runs: int | None) -> str:
+    """``identical k/n`` beside a speedup; NOT LOSSLESS (and never counted) when k < n."""
+    from osprey_train.evaluation.live_report import lossless_line as line
+
+    return line(identical, runs or 0)
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -317,7 +324,7 @@ def spec_section(args, target, session, prompts, eos, costs) -> dict:
         log(f"S={s}: acceptance length {out[s]['accept_len']:.3f}, decode speedup x{out[s]['speedup_decode']:.3f} "
             f"(end to end x{out[s]['speedup_e2e']:.3f}), round = {per_round:.2f} plain steps "
             f"({components:.2f} from the costs, overhead {out[s]['overhead']:.2f}; plain step here "
-            f"{plain_step * 1e3:.1f} ms); identical {a['identical']}/{a['runs']}")
+            f"{plain_step * 1e3:.1f} ms); {lossless_line(a['identical'], a['runs'])}")
     return out
 
 
@@ -340,6 +347,9 @@ def load_precision(p, target_dir: Path, drafter_dir: Path, draft_vocab_full: boo
     p.prepare(model)
     drafter = p.prepare(load_drafter(drafter_dir))
     target = HFTargetSession(model, drafter.config.tap_layers.layer_ids, row_exact=row_exact)
+    if row_exact:
+        with p.context():
+            log(f"[{p.name}] verify rows: {target.make_rows_exact(VERIFY_MAX)['summary']}")
     vocab = model.get_output_embeddings().weight.shape[0]
     return target, DrafterSession(drafter, target_vocab_size=vocab)
 
@@ -468,7 +478,7 @@ def precision_section(args, names, target_dir: Path, drafter_dir: Path, prompts,
             + ", ".join(f"S={s} {row['break_even'][s]:.2f}" for s in STEPS)
             + f"; plain {plain_tok_s:.1f} tok/s (x{row['plain_vs_fastest']:.2f} of the fastest); "
             + "; ".join(f"S={s} AL {v['accept_len']:.2f} x{v['vs_fastest_plain']:.2f} of the fastest plain, "
-                        f"identical {v['identical']}/{runs_count}" for s, v in row["spec"].items())
+                        f"{lossless_line(v['identical'], runs_count)}" for s, v in row["spec"].items())
             + f"; plain outputs = float32's {a['agree_fp32']}/{runs_count}")
     return {"precisions": table, "fastest_plain": fastest_name, "fastest_plain_tok_s": fastest_plain,
             "spec_steps": list(steps)}
@@ -497,7 +507,7 @@ def precision_markdown(sweep: dict) -> list[str]:
     for n in names:
         r = t[n]
         lines.append(f"| {n} | {r['plain_vs_fastest']:.2f} | " + " | ".join(
-            f"{v['accept_len']:.2f} | **{v['vs_fastest_plain']:.2f}** | {v['identical']}/{r['runs']}"
+            f"{v['accept_len']:.2f} | **{v['vs_fastest_plain']:.2f}** | {lossless_line(v['identical'], r['runs'])}"
             for v in r["spec"].values()) + f" | {r['agree_fp32']}/{r['runs']} |")
     return lines + [""]
 
@@ -571,16 +581,19 @@ def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: fl
              f"| per-round overhead (measured, median over S; the model takes max(0, this)) | {overhead:.3f} |", "",
              "## Break-even acceptance length and measured speedup", "",
              "AL*(S) = S x draft step + verify(S+1) + round overhead; predicted decode speedup = AL / AL*(S).", "",
-             "| S | break-even AL* | measured AL | predicted speedup | measured decode speedup | end to end |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "A speedup over output that is not identical to plain decoding is marked NOT LOSSLESS and never "
+             "counts.", "",
+             "| S | break-even AL* | measured AL | predicted speedup | measured decode speedup | end to end | identical |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
     for s in STEPS:
         be = break_even(cost, s)
         if s in spec:
             m = spec[s]
             lines.append(f"| {s} | {be:.3f} | {m['accept_len']:.3f} | {m['accept_len'] / be:.3f} | "
-                         f"{m['speedup_decode']:.3f} | {m['speedup_e2e']:.3f} |")
+                         f"{m['speedup_decode']:.3f} | {m['speedup_e2e']:.3f} | "
+                         f"{lossless_line(m['identical'], m['runs'])} |")
         else:
-            lines.append(f"| {s} | {be:.3f} | | | | |")
+            lines.append(f"| {s} | {be:.3f} | | | | | |")
     lines += ["", f"Goal at S=3: AL* <= {GOAL_BREAK_EVEN_S3}. Plot: `live_bench.png` (curves: predicted; dots: measured).",
               ""]
     path = out / "live_bench.md"
@@ -684,6 +697,7 @@ def main() -> None:
     eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     prompts = [p.prompt_ids for p in load_prompts([str(eval_file)], tokenizer, limit=args.prompts)]
     target = HFTargetSession(model, cfg.tap_layers.layer_ids)
+    log(f"verify rows: {target.make_rows_exact(VERIFY_MAX)['summary']}")
     vocab = model.get_output_embeddings().weight.shape[0]
     session = DrafterSession(drafter, target_vocab_size=vocab)
     torch.manual_seed(0)
@@ -738,6 +752,7 @@ def main() -> None:
         "draft_step_w4": round(costs["draft_step_by_width"][4], 3),
         "speedup_decode_s3": round(s3.get("speedup_decode", float("nan")), 3),
         "speedup_e2e_s3": round(s3.get("speedup_e2e", float("nan")), 3),
+        "identical_s3": f"{s3.get('identical')}/{s3.get('runs')}", "lossless_s3": s3.get("identical") == s3.get("runs"),
         "setup_s": round(t_setup, 1), "seconds": round(time.perf_counter() - start, 1),
     }
     if names:
@@ -766,7 +781,9 @@ def sweep_result(sweep: dict) -> dict:
             out[f"{k}_al_s3"] = round(v["accept_len"], 3)
             out[f"{k}_speedup_vs_fastest_s3"] = round(v["vs_fastest_plain"], 3)
             out[f"{k}_identical_s3"] = f"{v['identical']}/{r['runs']}"
-            best = max(best, v["vs_fastest_plain"])
+            out[f"{k}_lossless_s3"] = v["identical"] == r["runs"]
+            if v["identical"] == r["runs"]:   # a speedup over changed output never counts
+                best = max(best, v["vs_fastest_plain"])
         out[f"{k}_plain_eq_fp32"] = f"{r['agree_fp32']}/{r['runs']}"
     out["best_speedup_vs_fastest_plain_s3"] = round(best, 3)
     out["best_break_even_s3"] = round(min(r["break_even"][3] for r in sweep["precisions"].values()), 3)
