@@ -52,6 +52,8 @@ from osprey_train.study.config import StudyConfig
 from osprey_train.study.eta import A_PRIORI_RATES, format_duration, study_estimate
 from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
 from osprey_train.study.plan import Node, Plan, build_plan
+from osprey_data.target_model.model_config import peek_model_config
+from osprey_train.stages.prune import check_kept_layers
 from osprey_train.study.stages import EXECUTORS, Inputs, StageContext
 from osprey_train.study.runner_locks import StageClaim, claim_stage, join_study, live_runners
 
@@ -292,6 +294,18 @@ def check_study_folder(out: Path) -> None:
                           "choose a new or empty folder, or the folder of an earlier `osprey study run`")
 
 
+def check_before_weights(plan: Any, model_node: Node, model: dict[str, Any]) -> None:
+    """Check the settings that a model's config decides, as soon as that model is on disk and before
+    any stage loads its weights (a store, the first user of the source, loads the target for minutes):
+    ``[prune] layers`` against the source's layer count."""
+    shape = peek_model_config(model["path"], model.get("gguf_file"), option=model_node.label)
+    if shape is None or shape.num_layers is None:
+        return
+    for node in plan.nodes:
+        if node.kind == "prune" and node.deps.get("source") is model_node:
+            check_kept_layers(node.settings.layers, shape.num_layers, where=f"the source ({shape.path})")
+
+
 def run(cfg: StudyRunConfig) -> StudyRunResult:
     """Run (or continue) the study in ``cfg.out``.
 
@@ -346,6 +360,8 @@ def run(cfg: StudyRunConfig) -> StudyRunResult:
                 _log(out, f"start {node.folder} {node.label}")
                 record = _run_stage_stoppable(cfg, ctx, node, done=index - 1, total=total)
                 _log(out, f"done {node.folder} in {record['wall_s']:.0f} s")
+                if node.kind == "model":
+                    check_before_weights(plan, node, record["result"])
             finally:
                 claim.release()
             todo.remove(node)

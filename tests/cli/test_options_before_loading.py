@@ -249,3 +249,12 @@ def test_export_a_drafter_the_format_cannot_serve(tmp_path, no_weights):
     drafter = _drafter(tmp_path, preset="tiny-qwen3")
     _refused_early(["export", "--drafter", drafter, "--format", "vllm", "--out", tmp_path / "e"], no_weights,
                    "--format vllm", "'qwen3'")
+
+
+def test_demo_prune_more_layers_than_the_source(tmp_path, tiny_llama_dir, no_weights):
+    # the demo is a study: the check runs once the source model is on disk, before the first store
+    # (which loads the target) and before the prune stage
+    _refused_early(["demo", "--quick", "--target", tiny_llama_dir, "--source", tiny_llama_dir, "--prune-layers", "99",
+                    "--device", "cpu", "--out", tmp_path / "demo"], no_weights,
+                   "--layers 99", str(tiny_llama_dir / "config.json"), "--layers 1..6")
+    assert not list((tmp_path / "demo" / "work" / "stages").glob("store-*"))
