@@ -227,7 +227,7 @@ def test_eval_acceptance_refuses_nan_hidden_states(tmp_path, monkeypatch):
     rec.hidden_TLD[5, 0, 0] = np.inf
     with StoreWriter(str(tmp_path / "s"), header) as w:
         w.add(rec)
-    monkeypatch.setattr("osprey_train.evaluation.acceptance.check_compatible", lambda *a, **k: None)
+    monkeypatch.setattr("osprey_train.evaluation.early_checks.check_compatible", lambda *a, **k: None)
     res = CliRunner().invoke(cli, ["eval", "acceptance", "--drafter", str(drafter), "--store",
                                    str(tmp_path / "s"), "--device", "cpu", "--json"])
     assert res.exit_code == 2 and "hidden has NaN/Inf at token 5" in res.output, res.output
