@@ -45,7 +45,7 @@ from typing import Any
 
 from osprey_data import jsonio
 from osprey_data.atomic import replace_dir, write_json
-from osprey_data.errors import ConfigError, Interrupted
+from osprey_data.errors import ConfigError, InputError, Interrupted
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.cpu_threads import busy_machine_threads, machine_load
 from osprey_train.study.config import StudyConfig
@@ -298,7 +298,10 @@ def check_before_weights(plan: Any, model_node: Node, model: dict[str, Any]) -> 
     """Check the settings that a model's config decides, as soon as that model is on disk and before
     any stage loads its weights (a store, the first user of the source, loads the target for minutes):
     ``[prune] layers`` against the source's layer count."""
-    shape = peek_model_config(model["path"], model.get("gguf_file"), option=model_node.label)
+    try:
+        shape = peek_model_config(model["path"], model.get("gguf_file"), option=model_node.label)
+    except InputError:
+        return   # not a readable local model: the stage that loads it says what is wrong
     if shape is None or shape.num_layers is None:
         return
     for node in plan.nodes:
