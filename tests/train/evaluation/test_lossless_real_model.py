@@ -119,14 +119,6 @@ class RowLogits:
         return logits_TV, taps_TLDt
 
 
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """The first position where ``a`` and ``b`` differ (a length difference counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def smollm2_folder() -> Path | None:
     from osprey_data.target_model.fetch import cached_smollm2
 
@@ -176,6 +168,7 @@ def run_precision(precision: str, out: Path, *, per_domain: int = PER_DOMAIN, ne
 
     from osprey_data.conversation import use_chat_template
     from osprey_data.target_model import default_tap_layers, load_hf_target, resolve_precision
+    from osprey_train.evaluation.live_report import first_divergence
     from osprey_train.evaluation.spec_decode import HFTargetSession, make_exact, plain_generate, speculative_generate
 
     torch.set_num_threads(threads)
