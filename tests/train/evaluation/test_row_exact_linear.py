@@ -22,7 +22,8 @@ from osprey_data.errors import ModelError
 from osprey_data.target_model import resolve_precision
 from osprey_train.evaluation.row_exact_linear import LinearPlan, linear_plans, probe_linear, use_row_exact_linears
 from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
-from tests.train.evaluation.test_lossless_real_model import OracleWithErrors, first_divergence
+from osprey_train.evaluation.live_report import first_divergence
+from tests.train.evaluation.test_lossless_real_model import OracleWithErrors, RowLogits
 
 TAPS = (2, 3, 6)
 
@@ -295,19 +296,30 @@ def _prompts(vocab: int, n: int = 6) -> list[list[int]]:
             for _ in range(n)]
 
 
-def _compare(target, vocab) -> tuple[list[str], dict[int, set[int]]]:
-    """Speculative (oracle-with-errors drafter) vs plain decoding on every prompt and S."""
-    splits, accepted = [], {s: set() for s in STEPS}
-    for i, prompt in enumerate(_prompts(vocab)):
-        plain = plain_generate(target, prompt, max_new_tokens=NEW).output_ids
-        for s in STEPS:
-            drafter = OracleWithErrors(plain, len(prompt), vocab, seed=f"{i}:{s}")
-            spec = speculative_generate(target, drafter, prompt, num_steps=s, max_new_tokens=NEW)
-            accepted[s].update(a for a, d in zip(spec.accepted, spec.drafted) if d == s)
-            where = first_divergence(spec.output_ids, plain)
-            if where is not None:
-                splits.append(f"prompt {i} S={s} at {where}")
-    return splits, accepted
+def _compare(target, vocab) -> tuple[list[str], dict[int, set[int]], int]:
+    """Speculative (oracle-with-errors drafter) vs plain decoding on every prompt and S: the splits,
+    the acceptance lengths seen per S, and how many verify rows on plain decoding's path differ
+    from its logits in bits (after checking that every generated token's row was compared)."""
+    splits, accepted, differ = [], {s: set() for s in STEPS}, 0
+    rows = RowLogits(target)
+    try:
+        for i, prompt in enumerate(_prompts(vocab)):
+            rows.record()
+            plain = plain_generate(target, prompt, max_new_tokens=NEW).output_ids
+            for s in STEPS:
+                drafter = OracleWithErrors(plain, len(prompt), vocab, seed=f"{i}:{s}")
+                rows.check([*prompt, *plain])
+                spec = speculative_generate(target, drafter, prompt, num_steps=s, max_new_tokens=NEW)
+                accepted[s].update(a for a, d in zip(spec.accepted, spec.drafted) if d == s)
+                where = first_divergence(spec.output_ids, plain)
+                if where is not None:
+                    splits.append(f"prompt {i} S={s} at {where}")
+                else:
+                    assert rows.compared >= NEW
+                differ += len(rows.differ)
+    finally:
+        del target.forward  # the session's own method again
+    return splits, accepted, differ
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
@@ -317,8 +329,8 @@ def test_make_rows_exact_makes_speculative_equal_plain(tiny_llama_dir, precision
     vocab = model.get_output_embeddings().out_features
     target = HFTargetSession(model, TAPS)
     # the control: row-exact attention alone does not save it
-    splits, _ = _compare(target, vocab)
-    assert splits, "the M-dependent linears should split speculative from plain decoding before shaping"
+    splits, _, differ = _compare(target, vocab)
+    assert splits and differ, "the M-dependent linears should split speculative from plain decoding before shaping"
     exactness = target.make_rows_exact(max(STEPS) + 1)
     assert exactness["row_by_row"] == [] and exactness["rows_checked"] == max(STEPS) + 1
     assert exactness["threads"] == 1
@@ -329,8 +341,8 @@ def test_make_rows_exact_makes_speculative_equal_plain(tiny_llama_dir, precision
         "one-row calls padded to 2 rows; every block of 2..5 rows exact"
     assert exactness["linears"][f"{kind} {dtype} cpu 128->64"] == \
         "one-row calls as they come; blocks of 4-5 rows cut into exact sizes"
-    splits, accepted = _compare(target, vocab)
-    assert splits == []
+    splits, accepted, differ = _compare(target, vocab)
+    assert splits == [] and differ == 0
     assert accepted == {s: set(range(s + 1)) for s in STEPS}
 
 
@@ -354,8 +366,8 @@ def test_a_non_linear_module_that_is_not_row_invariant_falls_back_to_row_by_row(
     exactness = target.make_rows_exact(max(STEPS) + 1)
     assert exactness["row_by_row"] == [3, 4, 5]
     assert exactness["summary"].startswith("verify blocks of [3, 4, 5] rows computed one row at a time")
-    splits, accepted = _compare(target, vocab)
-    assert splits == []
+    splits, accepted, differ = _compare(target, vocab)
+    assert splits == [] and differ == 0
     assert accepted == {s: set(range(s + 1)) for s in STEPS}
     # the control: verified as blocks, the same decoding splits
     target._row_by_row = frozenset()
