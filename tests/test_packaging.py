@@ -21,8 +21,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from osprey_cli.main import COMMANDS
+
 from tests.helpers.tiny_study import write_tiny_study
 from tests.helpers.venvs import venv_over_ours
 
@@ -164,7 +164,7 @@ def _clean_env() -> dict[str, str]:
 
 # Modules that only an engine's own venv can import (they subclass the engine's classes): the
 # wheel must ship them, but they are located here, not imported.
-ENGINE_ONLY = {"osprey_train.engines.vllm_osprey", "osprey_data.builder.backends.vllm_rig.osprey_sync_connector"}
+ENGINE_ONLY = {"osprey_train.drafters.osprey.vllm_model", "osprey_data.builder.backends.vllm_rig.osprey_sync_connector"}
 
 
 def test_every_module_imports_from_the_installed_wheel(installed, tmp_path):

@@ -1,8 +1,13 @@
 """What an architecture tells the rest of Osprey: one :class:`DrafterSpec`.
 
 A spec is plain data and torch-free callables (option checks, export refusals, serving texts),
-plus the places of its code -- the ``nn.Module`` class, the convert entry, the SGLang read-back --
-as ``"module:attribute"`` references imported on first use (:meth:`DrafterSpec.load`).
+plus the places of its code as ``"module:attribute"`` references imported on first use
+(:meth:`DrafterSpec.load`): the ``nn.Module`` class, the convert entry, the training objective,
+the offline drafts, the live session, the engine writers and readers. Each architecture keeps that
+code in its own folder, ``osprey_train/drafters/<name>/``, whose ``arch.py`` holds the spec
+(:mod:`osprey_train.drafters.registry` finds the folders). The hooks that an autoregressive chain
+drafter shares (EAGLE-3's Training-Time Test, chain drafts, the chain live session) are the
+defaults; a drafter that drafts otherwise (a block drafter) names its own.
 
 Why references and not imports: the table sits at the bottom of the import graph. The CLI reads
 it for the ``--arch`` choices (and ``osprey --help`` must not import torch), ``DrafterConfig``
@@ -20,7 +25,16 @@ from typing import Any, Callable, Mapping
 
 from osprey_data.errors import ConfigError, ModelError
 
-__all__ = ["DrafterSpec", "no_check", "hf_only", "no_sglang_fields", "load_reference"]
+__all__ = ["DrafterSpec", "no_check", "hf_only", "no_sglang_fields", "load_reference", "CHAIN_OBJECTIVE",
+           "CHAIN_DRAFTS", "CHAIN_SESSION"]
+
+
+CHAIN_OBJECTIVE = "osprey_train.stages.distill:DistillModel.from_config"
+"""EAGLE-3's Training-Time Test: K teacher-forced draft steps fed back the drafter's own hidden states."""
+CHAIN_DRAFTS = "osprey_train.evaluation.chain_draft:draft_all_positions"
+"""Chain drafts at every position of a stored sample."""
+CHAIN_SESSION = "osprey_train.evaluation.live_drafter:DrafterSession"
+"""The chain drafter's live session."""
 
 
 def no_check(config: Any) -> None:
@@ -44,9 +58,11 @@ def load_reference(reference: str, *, what: str) -> Any:
     module_name, sep, attr = reference.partition(":")
     if not sep or not attr:
         raise ModelError(f"{what}: {reference!r} is not a 'module:attribute' reference")
-    found = getattr(importlib.import_module(module_name), attr, None)
-    if found is None:
-        raise ModelError(f"{what}: module {module_name} has no attribute {attr!r}")
+    found: Any = importlib.import_module(module_name)
+    for part in attr.split("."):   # "Class.method" names a classmethod
+        found = getattr(found, part, None)
+        if found is None:
+            raise ModelError(f"{what}: module {module_name} has no attribute {attr!r}")
     return found
 
 
@@ -58,6 +74,8 @@ class DrafterSpec:
     """The ``arch`` value in config.json and the ``--arch`` / study ``arch`` choice."""
     summary: str
     """One line: what the architecture is (``--arch`` help, docs)."""
+    listing_order: int = 100
+    """Place in the registry (``--arch`` choices, tables); the lowest is the default ``--arch``."""
     model_class: str
     """``"module:attribute"`` of its :class:`~osprey_train.models.base.Drafter` subclass (``arch`` = ``name``)."""
     convert: str
@@ -94,9 +112,36 @@ class DrafterSpec:
     serving_install: str = ""
     """README install line before the launch command ('' when SGLang's stock class serves it)."""
 
+    objective: str = CHAIN_OBJECTIVE
+    """``"module:attribute"`` of ``(drafter, DistillConfig, target_head) -> nn.Module`` whose
+    ``forward(PackedBatch) -> (loss, metrics)`` is ``osprey train distill``'s training objective;
+    it holds the drafter as ``.drafter`` (saved, evaluated) and reads ``.checkpoint_steps`` (set
+    True for gradient checkpointing). Default: EAGLE-3's Training-Time Test unroll (:mod:`osprey_train.ttt.unroll`)."""
+    offline_drafts: str = CHAIN_DRAFTS
+    """``"module:attribute"`` of ``(drafter, token_ids_T, hidden_TLDt, steps, *, impl) -> drafts (T-1, S)``:
+    row ``p - 1`` holds the ``steps`` drafts of the verify round that starts with ``x_0..x_p``
+    committed (offline acceptance, greedy). Default: chain drafting along the drafter's own hidden states."""
+    live_session: str = CHAIN_SESSION
+    """``"module:attribute"`` of the class binding a drafter to one sequence in ``osprey eval live``
+    (``(drafter, *, target_vocab_size, tap_codec)``, the ``DraftSession`` protocol of
+    :mod:`osprey_train.evaluation.spec_decode`). Default: the chain session with its own KV cache."""
+    tree_drafting: bool = True
+    """Tree drafting (``--tree``, EAGLE's top-k tree) applies: it expands chain steps along the
+    drafter's own hidden states, which a block drafter has no notion of."""
+    sampled_acceptance: bool = True
+    """The T > 0 acceptance estimator (:mod:`osprey_train.evaluation.sampled_acceptance`) applies: it
+    replays the chain's draft distributions step by step."""
+    vllm_method: str | None = "eagle3"
+    """``speculative_config["method"]`` vLLM serves the ``--format vllm`` export with."""
+    vllm_reader: str | None = None
+    """``"module:attribute"`` of ``(config.json document, tensors, its path) -> (DrafterConfig, state) | None``
+    reading a ``--format vllm`` export back (None: the document is another layout)."""
+    sglang_algorithm: str | None = "EAGLE3"
+    """``--speculative-algorithm`` SGLang serves the ``--format sglang`` export with."""
+
     def load(self, hook: str) -> Any:
-        """The object behind the reference field ``hook`` ('model_class', 'convert', 'sglang_reader' or
-        'vllm_writer')."""
+        """The object behind the reference field ``hook`` ('model_class', 'convert', 'objective',
+        'offline_drafts', 'live_session', 'sglang_reader', 'vllm_writer' or 'vllm_reader')."""
         reference = getattr(self, hook)
         if reference is None:
             raise ModelError(f"drafter arch {self.name!r} has no {hook}")

@@ -47,12 +47,12 @@ from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, resolve_precision
 from osprey_train.drafters.registry import drafter_spec
+from osprey_train.drafters.spec import DrafterSpec
 from osprey_train.engines.compare import PromptComparison, first_difference, reconcile
 from osprey_train.engines.engine_report import EngineReport, ExportSummary, summarize_export
 from osprey_train.engines.rig import ENGINES, find_rig, run_driver
+from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round, offline_drafts
 from osprey_train.evaluation.early_checks import check_drafter_on_target
-from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round
-from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as run_live
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
@@ -218,6 +218,7 @@ def _offline(config: EngineEvalConfig, drafter, prompts: list[LivePrompt]) -> di
     check_compatible(drafter.config, reader.header.target, taps=reader.header.taps,
                      where=f"eval engine: drafter {config.drafter} on store {store}")
     dtype = next(drafter.parameters()).dtype
+    draft_at_every_position = offline_drafts(drafter)
     wanted = {p.sample_id for p in prompts}
     out: dict[str, dict] = {}
     for i in range(len(reader)):
@@ -227,7 +228,7 @@ def _offline(config: EngineEvalConfig, drafter, prompts: list[LivePrompt]) -> di
         ids = s.token_ids.tolist()
         walk = []
         if has_verify_round(s):
-            drafts = draft_all_positions(drafter, s.token_ids, s.hidden_TLD.to(dtype), config.steps).cpu()
+            drafts = draft_at_every_position(drafter, s.token_ids, s.hidden_TLD.to(dtype), config.steps).cpu()
             walk = acceptance_walk(ids, s.prompt_length, drafts.tolist())
         out[s.sample_id] = {"prompt_ids": ids[:s.prompt_length], "response_ids": ids[s.prompt_length:], "walk": walk}
     missing = wanted - set(out)
@@ -288,7 +289,8 @@ def run(config: EngineEvalConfig) -> EngineReport:
             raise ConfigError(f"eval engine: prompt {p.sample_id}: the store's prompt ids differ from the rendered "
                               "prompt; remove OUT/store (built from other prompts?) and rerun")
     runs = [{"name": "plain", "speculative": None}]
-    runs += [{"name": f"spec{i}", "speculative": _speculative(config, path)} for i, path in enumerate(exports)]
+    runs += [{"name": f"spec{i}", "speculative": _speculative(config, path, drafter_spec(drafter.config.arch))}
+             for i, path in enumerate(exports)]
     if config.engine == "vllm":
         engine_kwargs, env = {"distributed_executor_backend": "uni"}, engine_env(rig.venv, config.threads)
     else:
@@ -315,11 +317,12 @@ def run(config: EngineEvalConfig) -> EngineReport:
     return report
 
 
-def _speculative(config: EngineEvalConfig, export: Path) -> dict:
-    """One export's speculative settings, in the engine's own names (greedy chains of S drafts)."""
+def _speculative(config: EngineEvalConfig, export: Path, spec: DrafterSpec) -> dict:
+    """One export's speculative settings, in the engine's own names (greedy, S drafts per round), with the
+    method the architecture names for that engine."""
     if config.engine == "vllm":
-        return {"model": str(export.resolve()), "method": "eagle3", "num_speculative_tokens": config.steps}
-    return {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(export.resolve()),
+        return {"model": str(export.resolve()), "method": spec.vllm_method, "num_speculative_tokens": config.steps}
+    return {"speculative_algorithm": spec.sglang_algorithm, "speculative_draft_model_path": str(export.resolve()),
             "speculative_num_steps": config.steps, "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": config.steps + 1}
 

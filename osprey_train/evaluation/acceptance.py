@@ -9,7 +9,8 @@ SGLang counts them:
 * each verify round starts with ``x_0 .. x_p`` committed (first ``p = r``): the drafter proposes
   ``d_1..d_S`` from its engine-layout slots ``0 .. p-1`` (target taps ``c_0 .. c_{p-1}``) and its
   own hidden states along the chain
-  (:func:`~osprey_train.evaluation.chain_draft.draft_all_positions`, row ``p - 1``);
+  (the arch's ``offline_drafts``; for chain drafters
+  :func:`~osprey_train.evaluation.chain_draft.draft_all_positions`, row ``p - 1``);
 * accepted ``a`` = longest prefix of the drafts equal to the stored tokens ``x_{p+1}..``; the
   round yields ``a + 1`` tokens (the target's own token after the last accepted one) and the walk
   moves to ``p + a + 1``; at the end of the response a round yields at most the tokens left
@@ -55,7 +56,7 @@ from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import resolve_device
 from osprey_data.text import printable
-from osprey_train.evaluation.chain_draft import draft_all_positions
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.early_checks import check_drafter_on_store
 from osprey_train.evaluation.options import AcceptanceConfig
 from osprey_train.evaluation.sampled_acceptance import (
@@ -68,7 +69,7 @@ from osprey_train.evaluation.sampled_acceptance import (
 from osprey_train.models import load_drafter
 
 __all__ = ["AcceptanceConfig", "AcceptanceReport", "RoundTally", "acceptance_walk", "evaluate_acceptance",
-           "greedy_consistency_counts", "has_verify_round", "load_drafter_and_store", "per_position_rates",
+           "greedy_consistency_counts", "has_verify_round", "offline_drafts", "require_tree_drafting", "load_drafter_and_store", "per_position_rates",
            "proxy_reason", "run", "sampled_reports", "store_verdict", "walk_rounds", "GREEDY_CONSISTENCY_MIN"]
 
 GREEDY_CONSISTENCY_MIN = 0.97
@@ -269,6 +270,20 @@ class RoundTally:
             per_domain_samples=dict(self.samples), tree=tree)
 
 
+def offline_drafts(drafter):
+    """The drafter architecture's offline drafting (``DrafterSpec.offline_drafts``): ``(drafter, token_ids_T,
+    hidden_TLDt, steps, *, impl) -> drafts (T-1, S)``, row ``p - 1`` for the round after ``x_0..x_p``."""
+    return drafter_spec(drafter.config.arch).load("offline_drafts")
+
+
+def require_tree_drafting(drafter, where: str) -> None:
+    """Refuse tree drafting for an architecture that does not draft chains (``DrafterSpec.tree_drafting``)."""
+    spec = drafter_spec(drafter.config.arch)
+    if not spec.tree_drafting:
+        raise ConfigError(f"{where}: tree drafting expands chain steps along the drafter's own hidden states; the "
+                          f"{spec.name!r} drafter does not draft that way: draft without a tree")
+
+
 def has_verify_round(sample) -> bool:
     """Whether the response continues past the prefill's token (otherwise no round is drafted)."""
     return int(sample.token_ids.shape[0]) - 1 - max(sample.prompt_length, 1) >= 1
@@ -286,6 +301,7 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
         return sampled_reports(drafter, reader, [steps], temperature=temperature, max_samples=max_samples,
                                impl=impl, progress=progress,
                                allow_temperature_mismatch=allow_temperature_mismatch)[0]
+    draft_at_every_position = offline_drafts(drafter)
     was_training = drafter.training
     drafter.eval()
     n = len(reader) if not max_samples else min(max_samples, len(reader))
@@ -296,7 +312,7 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
         s = reader.sample(i, as_torch=True)
         if not has_verify_round(s):
             continue  # no verify round: the prefill alone produced the whole response
-        drafts = draft_all_positions(drafter, s.token_ids, s.hidden_TLD.to(dtype), steps, impl=impl).cpu()
+        drafts = draft_at_every_position(drafter, s.token_ids, s.hidden_TLD.to(dtype), steps, impl=impl).cpu()
         tally.add(s.domain, acceptance_walk(s.token_ids.tolist(), s.prompt_length, drafts.tolist()))
         c, k = greedy_consistency_counts(s)
         consistent, checked = consistent + c, checked + k
@@ -315,6 +331,11 @@ def sampled_reports(drafter, reader, steps: list[int], *, temperature: float, ma
     Refuses (:class:`ConfigError`) a store whose responses are not target samples at
     ``temperature`` unless ``allow_temperature_mismatch`` (the reports are then proxies).
     """
+    spec = drafter_spec(drafter.config.arch)
+    if not spec.sampled_acceptance:
+        raise ConfigError(f"acceptance --temperature {temperature:g}: the estimator replays chain draft distributions "
+                          f"step by step, which the {spec.name!r} drafter does not draft; measure it greedily "
+                          "(--temperature 0), or live with `osprey eval live --temperature`")
     url = getattr(reader, "url", None)
     reason = store_temperature_reason(reader.header, temperature)
     if reason is not None and not allow_temperature_mismatch:

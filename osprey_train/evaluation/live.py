@@ -25,14 +25,21 @@ from tqdm.auto import tqdm
 
 from osprey_data.atomic import write_json
 from osprey_data.conversation import iter_inputs, read_chat_template, stop_token_ids, use_chat_template
-from osprey_data.errors import ConfigError
-from osprey_data.target_model import check_compatible, identify_target, load_hf_target, resolve_device, resolve_precision
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
+from osprey_data.errors import ConfigError
+from osprey_data.target_model import (
+    check_compatible,
+    identify_target,
+    load_hf_target,
+    resolve_device,
+    resolve_precision,
+)
+from osprey_train.drafters.registry import drafter_spec
+from osprey_train.evaluation.acceptance import require_tree_drafting
 from osprey_train.evaluation.early_checks import check_drafter_on_target, check_live_prompts
-from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
-from osprey_train.evaluation.options import LiveConfig
 from osprey_train.evaluation.live_report import LiveReport, first_divergence, summarize
+from osprey_train.evaluation.options import LiveConfig
 from osprey_train.evaluation.spec_decode import HFTargetSession, make_exact, plain_generate, speculative_generate
 from osprey_train.evaluation.tree_decode import check_tree_target, tree_speculative_generate
 from osprey_train.evaluation.tree_live_drafter import TreeDrafterSession
@@ -76,9 +83,11 @@ def _run(config: LiveConfig) -> LiveReport:
     spec_gen = torch.Generator().manual_seed(config.seed)
     plain_gen = torch.Generator().manual_seed(config.seed + 1)
     steps = config.steps if config.tree is None else config.tree.steps
-    if config.tree is None:
-        session = DrafterSession(drafter, target_vocab_size=vocab, tap_codec=config.tap_codec)
+    if config.tree is None:   # the architecture's live session (the chain one for EAGLE-3 and Osprey)
+        session = drafter_spec(drafter.config.arch).load("live_session")(drafter, target_vocab_size=vocab,
+                                                                          tap_codec=config.tap_codec)
     else:
+        require_tree_drafting(drafter, "live --tree")
         check_tree_target(target)
         session = TreeDrafterSession(drafter, kv=config.draft_kv, target_vocab_size=vocab, tap_codec=config.tap_codec)
     exactness = make_exact(target, config.steps + 1 if config.tree is None else config.tree.num_draft_tokens + 1,

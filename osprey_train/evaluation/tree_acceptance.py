@@ -31,11 +31,19 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from osprey_data.errors import ConfigError
-from osprey_train.evaluation.acceptance import (AcceptanceConfig, AcceptanceReport, RoundTally,
-                                                greedy_consistency_counts, has_verify_round, load_drafter_and_store,
-                                                store_verdict, walk_rounds)
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
+from osprey_data.errors import ConfigError
+from osprey_train.evaluation.acceptance import (
+    AcceptanceConfig,
+    AcceptanceReport,
+    RoundTally,
+    greedy_consistency_counts,
+    has_verify_round,
+    load_drafter_and_store,
+    require_tree_drafting,
+    store_verdict,
+    walk_rounds,
+)
 from osprey_train.evaluation.tree_draft import KV_MODES, draft_prefix, grow_trees, round_roots
 from osprey_train.evaluation.tree_growth import TreeCandidates, accepted_depths, select_nodes
 from osprey_train.evaluation.tree_shape import TreeShape
@@ -66,6 +74,7 @@ def evaluate_tree_acceptance(drafter, reader, shapes: Sequence[TreeShape], *, kv
     """Simulate greedy tree speculative decoding for every shape; one report per shape, in order."""
     if not shapes:
         raise ConfigError("tree acceptance: give at least one tree shape")
+    require_tree_drafting(drafter, "tree acceptance")
     if kv not in KV_MODES:
         raise ConfigError(f"tree acceptance: draft KV mode must be one of {KV_MODES}, got {kv!r}")
     depth_by_topk: dict[int, int] = {}

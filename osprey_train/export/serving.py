@@ -12,7 +12,7 @@ num_draft_tokens 6), with a note saying it was not tuned.
      "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/abs/export",
      "speculative_num_steps": 5, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 6,
      "tuned": false, "sweep": null, "predicted": null, "note": "...",
-     "env": {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"}, "target": "/models/target",
+     "env": {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.drafters.osprey.sglang"}, "target": "/models/target",
      "launch": "python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE3 ...",
      "dtype": "bfloat16"}
 """
@@ -102,13 +102,14 @@ def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, targ
                 dtype: str) -> dict[str, Any]:
     """The ``serving.json`` document of an SGLang export at ``export_dir`` whose weights are ``dtype``."""
     draft_path = str(Path(export_dir).resolve())
-    env = dict(drafter_spec(arch).serving_env)   # how SGLang finds the arch's model class
+    spec = drafter_spec(arch)
+    env = dict(spec.serving_env)   # how SGLang finds the arch's model class
     args = ["python", "-m", "sglang.launch_server", "--model-path", target or "TARGET",
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft_path,
+            "--speculative-algorithm", spec.sglang_algorithm, "--speculative-draft-model-path", draft_path,
             *rec.shape.sglang_flags()]
     launch = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.quote(a) for a in args])
     doc = {"format": SERVING_FORMAT, "version": 1, "engine": "sglang", "arch": arch,
-           "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": draft_path,
+           "speculative_algorithm": spec.sglang_algorithm, "speculative_draft_model_path": draft_path,
            "speculative_num_steps": rec.shape.steps, "speculative_eagle_topk": rec.shape.topk,
            "speculative_num_draft_tokens": rec.shape.num_draft_tokens, "tuned": rec.tuned, "sweep": rec.sweep,
            "predicted": rec.predicted, "note": rec.note, "env": env, "target": target, "launch": launch,

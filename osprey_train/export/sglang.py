@@ -14,8 +14,8 @@ EAGLE-3 baseline -> SGLang's stock ``LlamaForCausalLMEagle3`` (python/sglang/srt
   decoder layer j = HF hidden_states[j+1]; ``TapLayers.to_sglang``).
 
 Osprey drafter -> the same kind of folder with ``architectures: [OspreyDrafterForCausalLM]``, served
-by the external model class in ``osprey_train/export/sglang_model.py`` (set
-``SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.export``). Tensor names are the Osprey drafter's own
+by the external model class in ``osprey_train/drafters/osprey/sglang/model.py`` (set
+``SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.drafters.osprey.sglang``). Tensor names are the Osprey drafter's own
 (``model.layers.i.*``, ``w_c.weight``, ...); the DrafterConfig travels under ``osprey_drafter``.
 With a reduced draft vocabulary, ``d2t`` / ``t2d`` are written as for EAGLE-3 (offsets; the class
 turns them into SGLang's ``hot_token_id``).
@@ -33,17 +33,25 @@ import torch
 
 from osprey_data.atomic import write_json, write_text
 from osprey_data.errors import CheckpointError, ConfigError
-from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.drafters.registry import DRAFTERS, drafter_spec, spec_for_sglang_architecture
-from osprey_train.export.common import (absolute_d2t, cast_floating, copy_side_files, dtype_name, load_tensors, offset_d2t, read_json,
-                                        save_tensors, t2d_mask, write_folder)
+from osprey_train.export.common import (
+    absolute_d2t,
+    cast_floating,
+    copy_side_files,
+    dtype_name,
+    load_tensors,
+    offset_d2t,
+    read_json,
+    save_tensors,
+    t2d_mask,
+    write_folder,
+)
 from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc, serving_readme
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
-__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "eagle3_config_from_llama", "osprey_config_from_sglang",
-           "eagle3_config_from_sglang"]
+__all__ = ["write_sglang", "read_sglang", "llama_layer_config"]
 
 WEIGHTS = "model.safetensors"
 
@@ -102,38 +110,6 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
         write_text(tmp / "README.md", serving_readme(served))
 
     return write_folder(out, fill, overwrite=overwrite)
-
-
-def eagle3_config_from_llama(layer: dict[str, Any], *, draft_vocab_size: int, target_hidden_size: int,
-                             taps: TapLayers, target: dict | None) -> DrafterConfig:
-    """Inverse of :func:`llama_layer_config` for an EAGLE-3 drafter (KeyError names a missing key)."""
-    return DrafterConfig(
-        arch="eagle3", family="llama", num_layers=layer.get("num_hidden_layers", 1), hidden_size=layer["hidden_size"],
-        intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
-        num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
-        rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"], rope_scaling=layer.get("rope_scaling"),
-        max_position_embeddings=layer["max_position_embeddings"], vocab_size=layer["vocab_size"],
-        draft_vocab_size=draft_vocab_size, target_hidden_size=target_hidden_size, tap_layers=taps,
-        target=None if target is None else TargetIdentity.from_dict(target),
-    )
-
-
-def osprey_config_from_sglang(doc: dict, where: Path) -> DrafterConfig:
-    """The Osprey drafter's config from its SGLang config.json (it travels whole under ``osprey_drafter``)."""
-    if "osprey_drafter" not in doc:
-        raise CheckpointError(f"{where}: config.json lacks 'osprey_drafter'; not an Osprey SGLang export")
-    return DrafterConfig.from_dict(doc["osprey_drafter"])
-
-
-def eagle3_config_from_sglang(doc: dict, where: Path) -> DrafterConfig:
-    """The EAGLE-3 drafter's config from a LlamaForCausalLMEagle3 config.json."""
-    try:
-        return eagle3_config_from_llama(
-            doc, draft_vocab_size=doc["draft_vocab_size"], target_hidden_size=doc["target_hidden_size"],
-            taps=TapLayers.from_sglang(doc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
-            target=doc.get("osprey_target"))
-    except KeyError as exc:
-        raise CheckpointError(f"{where}: config.json lacks {exc}; not an EAGLE-3 SGLang checkpoint") from None
 
 
 def read_sglang(path: Path) -> Drafter:

@@ -26,6 +26,7 @@ from osprey_data.errors import ConfigError, ModelError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, peek_model_config
 from osprey_train.distill_data.packing import StorePacker
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.distill_data.prefetch import BatchPrefetcher
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.models import load_drafter, save_drafter
@@ -57,6 +58,13 @@ class DistillModel(nn.Module):
         # Not a submodule: the frozen target head is neither trained, checkpointed nor saved.
         self._target_head = [target_head]
         self._vmap = VocabMap.from_drafter(drafter.draft_to_target, drafter.config.vocab_size)
+
+    @classmethod
+    def from_config(cls, drafter: nn.Module, cfg: "DistillConfig", target_head: nn.Module | None) -> "DistillModel":
+        """The chain architectures' objective hook (``DrafterSpec.objective``): TTT with ``cfg``'s settings."""
+        return cls(drafter, steps=cfg.ttt_steps, decay=cfg.ttt_decay, target_dist=cfg.target_dist,
+                   impl=cfg.attention, chunk_size=cfg.loss_chunk, target_head=target_head,
+                   score_out_of_vocab=cfg.score_out_of_vocab)
 
     def forward(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
         device = batch.input_ids_BT.device
@@ -119,10 +127,8 @@ class DistillTask:
             for name, p in drafter.named_parameters():
                 if "embed_tokens" in name:
                     p.requires_grad_(False)
-        return DistillModel(drafter, steps=self.cfg.ttt_steps, decay=self.cfg.ttt_decay,
-                            target_dist=self.cfg.target_dist, impl=self.cfg.attention,
-                            chunk_size=self.cfg.loss_chunk, target_head=self.target_head,
-                            score_out_of_vocab=self.cfg.score_out_of_vocab)
+        # the architecture's training objective (TTT for the chain drafters)
+        return drafter_spec(drafter.config.arch).load("objective")(drafter, self.cfg, self.target_head)
 
     def trainable_parameters(self, model: nn.Module):
         return [p for p in model.parameters() if p.requires_grad]

@@ -9,16 +9,17 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-
 from osprey_cli import store_cmds
 from osprey_cli.main import cli
+
 from osprey_data.errors import Interrupted
 from osprey_train.evaluation import live as live_module
 
 
 @pytest.fixture(scope="module")
 def random_drafter(tmp_path_factory):
-    from osprey_train.models import DrafterConfig, OspreyDrafter, save_drafter
+    from osprey_train.drafters.osprey.model import OspreyDrafter
+    from osprey_train.models import DrafterConfig, save_drafter
 
     torch.manual_seed(0)
     return save_drafter(OspreyDrafter(DrafterConfig.from_name("tiny")), tmp_path_factory.mktemp("drafter") / "d")

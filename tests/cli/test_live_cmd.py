@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-
 from osprey_cli.main import cli
 
 
 @pytest.fixture(scope="module")
 def random_drafter(tmp_path_factory):
-    from osprey_train.models import DrafterConfig, OspreyDrafter, save_drafter
+    from osprey_train.drafters.osprey.model import OspreyDrafter
+    from osprey_train.models import DrafterConfig, save_drafter
 
     torch.manual_seed(0)
     model = OspreyDrafter(DrafterConfig.from_name("tiny"))

@@ -21,8 +21,8 @@ import google_crc32c
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from osprey_cli.main import cli
+
 from osprey_data.errors import StoreCorruptError, StoreError, StoreNotFoundError
 from osprey_data.store import StoreReader, StoreWriter, inspect_store, merge_store, validate_store
 from osprey_data.store.worker_lock import WorkerBusyError, lock_path
@@ -216,7 +216,8 @@ def test_eval_acceptance_refuses_nan_hidden_states(tmp_path, monkeypatch):
     import torch
 
     import osprey_data.store.writer as writer_mod
-    from osprey_train.models import DrafterConfig, OspreyDrafter, save_drafter
+    from osprey_train.drafters.osprey.model import OspreyDrafter
+    from osprey_train.models import DrafterConfig, save_drafter
 
     monkeypatch.setattr(writer_mod, "check_record", lambda *a, **k: None)
     torch.manual_seed(0)

@@ -15,20 +15,21 @@ import torch
 
 from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
+from osprey_train.drafters.eagle3.convert import init_eagle3
+from osprey_train.stages.draft_vocab import draft_vocab_from_store
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
 from osprey_train.drafters.registry import arch_names, register_drafter, unregister_drafter
 from osprey_train.drafters.spec import DrafterSpec
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.export import ExportConfig, load_export
 from osprey_train.export import run as export_run
 from osprey_train.models import load_drafter
-from osprey_train.models.eagle3 import Eagle3Drafter
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.stages.convert import ConvertConfig, ConvertResult
 from osprey_train.stages.convert import run as convert
 from osprey_train.stages.defaults import distill_optim
 from osprey_train.stages.distill import DistillConfig
 from osprey_train.stages.distill import run as distill
-from osprey_train.stages.eagle3_init import draft_vocab_from_store, init_eagle3
 from osprey_train.stages.target_side import resolve_target_side
 from osprey_train.study.config import ArmSection
 from osprey_train.trainer import LoopConfig

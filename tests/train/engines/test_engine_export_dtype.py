@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
 from osprey_train.engines.engine_eval import EngineEvalConfig, _exports
-from osprey_train.models import DrafterConfig, Eagle3Drafter, save_drafter
+from osprey_train.models import DrafterConfig, save_drafter
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])

@@ -76,7 +76,7 @@ def test_dtype_follows_the_engine_and_sglang_cpu_refuses_float32(tmp_path):
     with pytest.raises(ConfigError, match="--device"):
         EngineEvalConfig(engine="sglang", device="tpu", **paths)
     env = sglang_env(2, "osprey", "cpu")
-    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0-1" and env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "osprey_train.export"
+    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0-1" and env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "osprey_train.drafters.osprey.sglang"
     assert "SGLANG_USE_CPU_ENGINE" not in sglang_env(1, "eagle3", "cuda")
 
 

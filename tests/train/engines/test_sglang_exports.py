@@ -9,8 +9,8 @@ CPU attention kernels refuse head size 16) is exported with ``osprey export --fo
 bf16 (SGLang's CPU kernels have no float32) and served as ``--speculative-algorithm EAGLE3``
 (2 draft steps, top-k 1, 3 draft tokens; ``intel_amx`` attention, no overlap scheduler):
 
-- **Osprey** -> our external class ``OspreyDrafterForCausalLM`` (``osprey_train/export/sglang_model.py``),
-  found through ``SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.export``;
+- **Osprey** -> our external class ``OspreyDrafterForCausalLM`` (``osprey_train/drafters/osprey/sglang/model.py``),
+  found through ``SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.drafters.osprey.sglang``;
 - **EAGLE-3** -> SGLang's stock ``LlamaForCausalLMEagle3``.
 
 Both drafters have a reduced draft vocabulary, so the ``d2t`` -> ``hot_token_id`` path loads too.
@@ -46,12 +46,14 @@ import psutil
 import pytest
 import torch
 from click.testing import CliRunner
+from osprey_cli.main import cli
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from osprey_cli.main import cli
 from osprey_data.target_model import TapLayers, identify_target
-from osprey_train.models import DrafterConfig, Eagle3Drafter, OspreyDrafter, save_drafter
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.models import DrafterConfig, save_drafter
 from tests.helpers.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.sglang_cpu
@@ -106,7 +108,7 @@ def exports(tmp_path_factory, tiny_tokenizer):
 def _use_external_class(monkeypatch, arch):
     # only the Osprey drafter needs our package registered; EAGLE-3 is SGLang's own class
     if arch == "osprey":
-        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "osprey_train.export")
+        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "osprey_train.drafters.osprey.sglang")
     else:
         monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE", raising=False)
 

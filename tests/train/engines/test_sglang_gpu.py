@@ -130,7 +130,7 @@ def test_sglang_decoding_is_lossless_and_accepts_what_we_measure_offline(setup, 
     from transformers import AutoTokenizer
 
     if arch == "osprey":
-        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "osprey_train.export")
+        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "osprey_train.drafters.osprey.sglang")
     work, target = setup["work"], setup["target"]
     tokenizer = AutoTokenizer.from_pretrained(target)
     stops = sorted(stop_token_ids(tokenizer))

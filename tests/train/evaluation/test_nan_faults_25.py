@@ -10,16 +10,17 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from osprey_cli.main import cli
 from safetensors.torch import load_file, save_file
 
-from osprey_cli.main import cli
 from osprey_data.errors import CheckpointError, ConfigError, InputError, OspreyError, SchemaError
 from osprey_data.target_model import TapLayers
+from osprey_train.drafters.osprey.model import OspreyDrafter
 from osprey_train.evaluation.cost_model import CostModel, parse_cost
 from osprey_train.evaluation.tree_shape import MAX_TOPK, TreeShape
 from osprey_train.export import ExportConfig, run
 from osprey_train.export.serving import recommend
-from osprey_train.models import DrafterConfig, OspreyDrafter, load_drafter, save_drafter
+from osprey_train.models import DrafterConfig, load_drafter, save_drafter
 from tests.train.export.test_export import TARGET
 from tests.train.export.test_serving import _sweep
 

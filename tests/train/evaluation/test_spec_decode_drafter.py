@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
 from osprey_train.evaluation.live_drafter import DrafterSession
 from osprey_train.evaluation.spec_decode import HFTargetSession, plain_generate, speculative_generate
-from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter
+from osprey_train.models import CausalAttention, DrafterConfig
 
 TAPS = (2, 3, 4)
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 11]

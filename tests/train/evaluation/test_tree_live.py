@@ -136,7 +136,8 @@ def test_tree_decoding_on_cuda_is_lossless_and_grows_the_cpu_trees(tiny_llama_di
     """The tree mask, the cache compaction and the batched growth on a CUDA device (fp32)."""
     from transformers import AutoModelForCausalLM
 
-    from osprey_train.models import DrafterConfig, OspreyDrafter
+    from osprey_train.drafters.osprey.model import OspreyDrafter
+    from osprey_train.models import DrafterConfig
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval().cuda()
     target = HFTargetSession(model, (2, 3, 4))

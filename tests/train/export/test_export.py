@@ -10,9 +10,11 @@ from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.drafters.osprey.sglang.model import checkpoint_names, map_weight_name
 from osprey_train.export import ExportConfig, load_export, run
-from osprey_train.export.sglang_model import checkpoint_names, map_weight_name
-from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, save_drafter
+from osprey_train.models import CausalAttention, DrafterConfig, save_drafter
 
 TARGET = TargetIdentity(name_or_path="/models/target", model_type="llama", config_hash="c", tokenizer_hash="t",
                         vocab_size=384, hidden_size=64, num_layers=6, dtype="float32")
@@ -185,10 +187,10 @@ def test_osprey_sglang_export_matches_external_class_names(drafters, tmp_path):
 def test_osprey_to_vllm_names_the_plugin_class_and_refuses_qwen3(drafters, tmp_path):
     from safetensors.torch import load_file
 
-    from osprey_train.engines.vllm_plugin import OSPREY_VLLM_ARCH, vllm_weight_name
-    from osprey_train.export import vllm as vllm_export
+    from osprey_train.drafters.osprey.arch import VLLM_ARCHITECTURE
+    from osprey_train.drafters.osprey.vllm_plugin import OSPREY_VLLM_ARCH, vllm_weight_name
 
-    assert vllm_export.OSPREY_VLLM_ARCH == OSPREY_VLLM_ARCH  # the name the plugin registers
+    assert VLLM_ARCHITECTURE == OSPREY_VLLM_ARCH  # the exporter names the class the plugin registers
     model, folder = drafters["osprey-dv"]
     out = run(ExportConfig(drafter=folder, format="vllm", out=tmp_path / "v")).out
     cfg = json.loads((out / "config.json").read_text())
@@ -294,7 +296,7 @@ def test_sglang_model_module_imports_without_sglang():
     import importlib
     import sys
 
-    mod = importlib.import_module("osprey_train.export.sglang_model")
+    mod = importlib.import_module("osprey_train.drafters.osprey.sglang.model")
     if "sglang" not in sys.modules:
         assert mod.SGLANG_AVAILABLE is False and not hasattr(mod, "EntryClass")
 
@@ -335,9 +337,8 @@ def test_vllm_export_readme_has_the_launch_line(drafters, tmp_path, arch):
 def test_default_export_is_bfloat16_with_int64_d2t_and_says_so(drafters, tmp_path, fmt):
     """The engines serve bf16: by default floating tensors are bf16 (half the bytes), the id maps keep
     their integer / bool dtypes (a bf16 d2t would round draft ids above 256), the dtype is recorded."""
-    from safetensors.torch import load_file
-
     from osprey_cli.main import cli
+    from safetensors.torch import load_file
 
     model, folder = drafters["eagle3"]
     res = CliRunner().invoke(cli, ["export", "--drafter", str(folder), "--format", fmt, "--out", str(tmp_path / fmt)])

@@ -10,11 +10,12 @@ from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, InputError, SchemaError
 from osprey_data.target_model import TapLayers
+from osprey_train.drafters.osprey.model import OspreyDrafter
 from osprey_train.evaluation.cost_model import parse_cost
 from osprey_train.evaluation.sweep import SweepResult, SweepRow
 from osprey_train.evaluation.tree_shape import TreeShape
 from osprey_train.export import ExportConfig, run
-from osprey_train.models import DrafterConfig, OspreyDrafter, save_drafter
+from osprey_train.models import DrafterConfig, save_drafter
 from tests.train.export.test_export import TARGET
 
 
@@ -50,7 +51,7 @@ def test_default_recommendation_is_the_untuned_paper_chain(drafter_dir, tmp_path
     assert flags == (5, 1, 6)
     assert doc["tuned"] is False and "not tuned" in doc["note"]
     assert doc["speculative_algorithm"] == "EAGLE3" and doc["speculative_draft_model_path"] == str(out.resolve())
-    assert doc["env"] == {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"}
+    assert doc["env"] == {"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.drafters.osprey.sglang"}
     assert "--speculative-num-draft-tokens 6" in doc["launch"] and "--model-path /models/target" in doc["launch"]
     readme = (out / "README.md").read_text()
     assert doc["launch"] in readme and "not tuned" in readme

@@ -25,8 +25,9 @@ import pytest
 import torch
 from torch import nn
 
+from osprey_train.drafters.osprey.model import OspreyDrafter
 from osprey_train.export import ExportConfig, run
-from osprey_train.models import DrafterConfig, KVCacheAttention, OspreyDrafter, save_drafter
+from osprey_train.models import DrafterConfig, KVCacheAttention, save_drafter
 
 
 def _fake_sglang() -> dict[str, types.ModuleType]:
@@ -180,7 +181,7 @@ def test_external_class_reproduces_the_drafter(tmp_path, monkeypatch, preset, dr
 
     for name, mod in _fake_sglang().items():
         monkeypatch.setitem(sys.modules, name, mod)
-    path = Path(__import__("osprey_train.export.sglang_model", fromlist=["x"]).__file__)
+    path = Path(__import__("osprey_train.drafters.osprey.sglang.model", fromlist=["x"]).__file__)
     spec = importlib.util.spec_from_file_location("_osprey_sglang_model_under_fakes", path)
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)
@@ -245,7 +246,7 @@ def test_external_class_refuses_a_checkpoint_missing_a_tensor(tmp_path, monkeypa
 
     for name, mod in _fake_sglang().items():
         monkeypatch.setitem(sys.modules, name, mod)
-    path = Path(__import__("osprey_train.export.sglang_model", fromlist=["x"]).__file__)
+    path = Path(__import__("osprey_train.drafters.osprey.sglang.model", fromlist=["x"]).__file__)
     spec = importlib.util.spec_from_file_location("_osprey_sglang_model_under_fakes", path)
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)

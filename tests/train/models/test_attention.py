@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, KVCacheAttention, OspreyDrafter
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.models import CausalAttention, DrafterConfig, KVCacheAttention
 from osprey_train.models.attention import masked_attention
 
 

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from osprey_data.errors import ModelError
-from osprey_train.models import CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.models import CausalAttention, DrafterConfig
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf
 from osprey_train.models.layers import rope_inv_freq
 

@@ -9,8 +9,9 @@ import torch
 
 from osprey_data.errors import CheckpointError, ConfigError, SchemaError
 from osprey_data.target_model import TapLayers, TargetIdentity
-from osprey_train.models import (CausalAttention, DrafterConfig, Eagle3Drafter, OspreyDrafter, load_drafter,
-                                 save_drafter)
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.models import CausalAttention, DrafterConfig, load_drafter, save_drafter
 
 
 def _model(preset):

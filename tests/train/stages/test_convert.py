@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from osprey_data.errors import ConfigError, ManifestMismatchError
 from osprey_data.target_model import TapLayers
-from osprey_train.models import OspreyDrafter, load_drafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.models import load_drafter
 from osprey_train.stages.convert import ConvertConfig, run
 from tests.helpers.tiny import make_tiny_llama
 from tests.train.models.tiny_targets import make_fake_store, make_target
@@ -213,7 +214,7 @@ def test_draft_vocab_keeps_the_most_frequent_tokens_with_their_logits(pair, tmp_
     token's logit, an averaged row the mean of its pieces' logits)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from osprey_train.stages.eagle3_init import loss_masked_token_counts, select_draft_vocab
+    from osprey_train.stages.draft_vocab import loss_masked_token_counts, select_draft_vocab
     from osprey_train.stages.vocab_align import align_vocab
 
     backbone_dir, target_dir, root = pair

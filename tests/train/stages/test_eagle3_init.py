@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from osprey_data.errors import ConfigError
-from osprey_train.models import Eagle3Drafter, load_drafter
+from osprey_train.stages.draft_vocab import loss_masked_token_counts, select_draft_vocab
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
+from osprey_train.models import load_drafter
 from osprey_train.stages.convert import ConvertConfig, run
-from osprey_train.stages.eagle3_init import loss_masked_token_counts, select_draft_vocab
 from tests.train.models.tiny_targets import make_fake_store
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osprey_train.models import DrafterConfig, KVCacheAttention, OspreyDrafter
+from osprey_train.drafters.osprey.model import OspreyDrafter
+from osprey_train.models import DrafterConfig, KVCacheAttention
 from osprey_train.ttt.attention import document_positions
 from osprey_train.ttt.unroll import PackedBatch, ttt_hidden_states, ttt_loss
+
 
 def _drafter(seed=0, name="tiny"):
     torch.manual_seed(seed)
@@ -20,7 +22,7 @@ def _drafter(seed=0, name="tiny"):
     if cfg.arch == "osprey":
         model = OspreyDrafter(cfg)
     else:
-        from osprey_train.models import Eagle3Drafter
+        from osprey_train.drafters.eagle3.model import Eagle3Drafter
 
         model = Eagle3Drafter(cfg)
     model.reset_parameters()

@@ -1,8 +1,8 @@
 """Registry entry of the Osprey drafter: N source-family decoder layers, the target's condition in every layer.
 
-Torch-free (read by the CLI, configs and the study). Its code: :mod:`osprey_train.models.osprey`
-(model), :func:`osprey_train.stages.convert.convert_osprey` (Stage 3), the SGLang external class
-in :mod:`osprey_train.export.sglang_model` and :func:`osprey_train.export.sglang.osprey_config_from_sglang`.
+Torch-free (read by the CLI, configs and the study). Its code is in this folder: ``model.py``,
+``convert.py`` (Stage 3), ``export.py`` (the vLLM layout, the SGLang read-back), ``vllm_model.py``
+and ``vllm_plugin.py`` (vLLM's model class for it), ``sglang/model.py`` (SGLang's external class).
 """
 
 from __future__ import annotations
@@ -12,10 +12,15 @@ from typing import Any
 from osprey_data.errors import ConfigError
 from osprey_train.drafters.spec import DrafterSpec
 
-__all__ = ["SPEC", "SGLANG_ARCHITECTURE"]
+__all__ = ["SPEC", "SGLANG_ARCHITECTURE", "SGLANG_PACKAGE", "VLLM_ARCHITECTURE", "VLLM_FAMILIES"]
 
 SGLANG_ARCHITECTURE = "OspreyDrafterForCausalLM"
-"""The external SGLang model class shipped in ``osprey_train/export/sglang_model.py``."""
+"""The external SGLang model class shipped in ``osprey_train/drafters/osprey/sglang/model.py``."""
+SGLANG_PACKAGE = "osprey_train.drafters.osprey.sglang"
+"""``SGLANG_EXTERNAL_MODEL_PACKAGE``: the package holding that class (and nothing else)."""
+VLLM_ARCHITECTURE = "Eagle3OspreyForCausalLM"
+"""``architectures[0]`` of its vLLM export; registered with vLLM by ``vllm_plugin.py`` (vLLM keeps
+names starting with Eagle3 as they are)."""
 
 
 def _check_convert(config: Any) -> None:
@@ -29,7 +34,7 @@ def _check_convert(config: Any) -> None:
 
 
 VLLM_FAMILIES = ("llama", "qwen2")
-"""Backbone families the Osprey vLLM model class (osprey_train/engines/vllm_osprey.py) implements."""
+"""Backbone families the Osprey vLLM model class (``vllm_model.py``) implements."""
 
 
 def _check_export(config: Any, fmt: str) -> None:
@@ -48,21 +53,23 @@ def _sglang_fields(config: Any) -> dict[str, Any]:
 
 SPEC = DrafterSpec(
     name="osprey",
+    listing_order=0,
     summary="convert a pre-trained backbone (N layers, the target's taps conditioning every layer)",
-    model_class="osprey_train.models.osprey:OspreyDrafter",
-    convert="osprey_train.stages.convert:convert_osprey",
+    model_class="osprey_train.drafters.osprey.model:OspreyDrafter",
+    convert="osprey_train.drafters.osprey.convert:convert_osprey",
     needs_backbone=True,
     default_draft_vocab=None,
     study_layer_cost=0.75,
     tiny={},
     check_convert=_check_convert,
     check_export=_check_export,
-    vllm_writer="osprey_train.export.vllm:write_osprey_vllm",
+    vllm_writer="osprey_train.drafters.osprey.export:write_osprey_vllm",
     sglang_architecture=SGLANG_ARCHITECTURE,
     sglang_fields=_sglang_fields,
-    sglang_reader="osprey_train.export.sglang:osprey_config_from_sglang",
+    vllm_reader="osprey_train.drafters.osprey.export:read_osprey_vllm",
+    sglang_reader="osprey_train.drafters.osprey.export:osprey_config_from_sglang",
     serving_label="Osprey drafter (external class)",
-    serving_env={"SGLANG_EXTERNAL_MODEL_PACKAGE": "osprey_train.export"},
+    serving_env={"SGLANG_EXTERNAL_MODEL_PACKAGE": SGLANG_PACKAGE},
     # `osprey` on PyPI is an unrelated project: the Osprey package is installed from its repository.
     serving_install=(f"# the external model class {SGLANG_ARCHITECTURE} ships with Osprey itself, which is not on "
                      "PyPI\n# (the `osprey` package there is another project): from a clone of the Osprey "

@@ -22,7 +22,7 @@ prefixes continue after the target's layers (``model.layers.{num_target_layers +
 cache entries never collide with the target's. Llama and Qwen2 families (q/k/v bias); Qwen3's q/k
 norms are not implemented here (the export refuses them).
 
-Registered by :func:`osprey_train.engines.vllm_plugin.register` (entry point
+Registered by :func:`osprey_train.drafters.osprey.vllm_plugin.register` (entry point
 ``vllm.general_plugins``). Legend: L taps, Dt target hidden, D drafter hidden, V target vocab,
 Vd draft vocab.
 """
@@ -42,7 +42,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaAttention, LlamaMLP
 from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 
-from osprey_train.engines.vllm_plugin import OSPREY_VLLM_ARCH, vllm_weight_name
+from osprey_train.drafters.osprey.vllm_plugin import OSPREY_VLLM_ARCH, vllm_weight_name
 
 __all__ = ["Eagle3OspreyForCausalLM"]
 

@@ -1,7 +1,7 @@
 """vLLM plugin: registers the Osprey drafter's model class with vLLM (entry point ``vllm.general_plugins``).
 
 ``pyproject.toml`` declares ``[project.entry-points."vllm.general_plugins"] osprey =
-"osprey_train.engines.vllm_plugin:register"``; vLLM calls every function of that group in each of
+"osprey_train.drafters.osprey.vllm_plugin:register"``; vLLM calls every function of that group in each of
 its processes before it resolves a model architecture, so once this package is installed next to
 vLLM, ``osprey export --format vllm`` of an Osprey drafter (``architectures:
 [Eagle3OspreyForCausalLM]``) loads like any built-in draft model. The class is registered by its
@@ -18,7 +18,7 @@ from __future__ import annotations
 __all__ = ["register", "vllm_weight_name", "OSPREY_VLLM_ARCH", "OSPREY_VLLM_CLASS"]
 
 OSPREY_VLLM_ARCH = "Eagle3OspreyForCausalLM"
-OSPREY_VLLM_CLASS = "osprey_train.engines.vllm_osprey:Eagle3OspreyForCausalLM"
+OSPREY_VLLM_CLASS = "osprey_train.drafters.osprey.vllm_model:Eagle3OspreyForCausalLM"
 # (our tensor-name fragment, vLLM's fused parameter fragment, shard id)
 _FUSED = ((".self_attn.q_proj.", ".self_attn.qkv_proj.", "q"), (".self_attn.k_proj.", ".self_attn.qkv_proj.", "k"),
           (".self_attn.v_proj.", ".self_attn.qkv_proj.", "v"), (".mlp.gate_proj.", ".mlp.gate_up_proj.", 0),

@@ -1,10 +1,7 @@
 """Registry entry of the EAGLE-3 baseline: one Llama layer reading [embedding; fused taps].
 
-Torch-free (read by the CLI, configs and the study). Its code: :mod:`osprey_train.models.eagle3`
-(model), :func:`osprey_train.stages.convert.convert_eagle3` (Stage 3, through
-:mod:`osprey_train.stages.eagle3_init`),
-:func:`osprey_train.export.sglang.eagle3_config_from_sglang` and the vLLM (speculators) layout of
-:mod:`osprey_train.export.vllm`.
+Torch-free (read by the CLI, configs and the study). Its code is in this folder: ``model.py``,
+``convert.py`` (Stage 3), ``export.py`` (the vLLM speculators layout, the SGLang read-back).
 """
 
 from __future__ import annotations
@@ -52,9 +49,10 @@ def _check_export(config: Any, fmt: str) -> None:
 
 SPEC = DrafterSpec(
     name="eagle3",
+    listing_order=1,
     summary="a fresh EAGLE-3 baseline head shaped like the target (needs --target and --store)",
-    model_class="osprey_train.models.eagle3:Eagle3Drafter",
-    convert="osprey_train.stages.convert:convert_eagle3",
+    model_class="osprey_train.drafters.eagle3.model:Eagle3Drafter",
+    convert="osprey_train.drafters.eagle3.convert:convert_eagle3",
     needs_backbone=False,
     default_draft_vocab=DEFAULT_DRAFT_VOCAB,
     study_layer_cost=0.5,
@@ -62,8 +60,9 @@ SPEC = DrafterSpec(
     check_config=_check_config,
     check_convert=_check_convert,
     check_export=_check_export,
-    vllm_writer="osprey_train.export.vllm:write_eagle3_vllm",
+    vllm_writer="osprey_train.drafters.eagle3.export:write_eagle3_vllm",
     sglang_architecture=SGLANG_ARCHITECTURE,
-    sglang_reader="osprey_train.export.sglang:eagle3_config_from_sglang",
+    vllm_reader="osprey_train.drafters.eagle3.export:read_eagle3_vllm",
+    sglang_reader="osprey_train.drafters.eagle3.export:eagle3_config_from_sglang",
     serving_label="EAGLE-3 (stock class)",
 )

@@ -1,12 +1,11 @@
-"""EAGLE-3 baseline initialisation (``osprey train convert --arch eagle3 --target M --store S``).
+"""EAGLE-3 baseline initialisation: the ``eagle3`` arch's convert entry
+(``osprey train convert --arch eagle3 --target M --store S``).
 
 - body: one random Llama-style layer shaped like the target (hidden size, heads, MLP size, rotary),
   plus ``num_layers - 1`` plain ones for the multi-layer control (the paper's Table 6);
 - embedding: copied from the target and frozen;
-- draft vocabulary: the ``draft_vocab_size`` target tokens that occur most often at loss-masked
-  positions of the store (ties broken by lower id; if the store has fewer distinct tokens, the
-  remaining slots take the lowest unused target ids), sorted by target id so that the engines'
-  offset map ``d2t[i] = target_id - i`` is non-negative;
+- draft vocabulary: :mod:`osprey_train.stages.draft_vocab` (the store's most frequent
+  loss-masked target tokens);
 - tap layers and target identity from the store manifest.
 
 Legend: V target vocab, Vd draft vocab, D hidden.
@@ -21,19 +20,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from osprey_data.errors import ConfigError, StoreError
+from osprey_data.errors import ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import TapLayers, TargetIdentity
+from osprey_train.drafters.eagle3.arch import DEFAULT_DRAFT_VOCAB
+from osprey_train.drafters.eagle3.model import Eagle3Drafter
 from osprey_train.models.config import DrafterConfig
-from osprey_train.models.eagle3 import Eagle3Drafter
 from osprey_train.models.hf import hf_rope
 from osprey_train.models.io import write_drafter_folder
+from osprey_train.stages.configs import ConvertConfig
+from osprey_train.stages.convert import ConvertResult
+from osprey_train.stages.draft_vocab import VOCAB_FILE, check_draft_vocab_size, draft_vocab_from_store
 from osprey_train.stages.target_side import resolve_target_side
 
-__all__ = ["Eagle3InitConfig", "Eagle3InitResult", "run", "loss_masked_token_counts", "select_draft_vocab",
-           "draft_vocab_from_store", "check_draft_vocab_size", "init_eagle3", "VOCAB_FILE"]
-
-VOCAB_FILE = "draft_vocab.json"
+__all__ = ["Eagle3InitConfig", "Eagle3InitResult", "run", "init_eagle3", "convert_eagle3"]
 
 
 @dataclass(kw_only=True)
@@ -71,56 +71,6 @@ class Eagle3InitResult:
     """The drafter folder."""
     stats: dict
     """draft_vocab.json contents (coverage of loss-masked tokens etc.)."""
-
-
-def loss_masked_token_counts(store: str, vocab_size: int) -> np.ndarray:
-    """(V,) int64 counts of target token ids at loss-masked positions over the whole store."""
-    table = StoreReader(store).table(columns=["token_ids", "loss_mask"])
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    ids_col, mask_col = table.column("token_ids"), table.column("loss_mask")
-    for row in range(table.num_rows):
-        ids = np.asarray(ids_col[row].as_py(), dtype=np.int64)
-        mask = np.asarray(mask_col[row].as_py()).astype(bool)
-        if ids.shape != mask.shape:
-            raise StoreError(f"store {store}: sample {row} has {ids.size} token ids but {mask.size} mask entries")
-        picked = ids[mask]
-        if picked.size and (picked.min() < 0 or picked.max() >= vocab_size):
-            raise StoreError(f"store {store}: sample {row} has token ids outside [0, {vocab_size})")
-        counts += np.bincount(picked, minlength=vocab_size)
-    return counts
-
-
-def check_draft_vocab_size(size: int, vocab: int, *, source: str | None = None) -> None:
-    """Refuse a draft vocabulary larger than the target's (``source``: where ``vocab`` was read)."""
-    if size > vocab:
-        read = f" (per {source})" if source else ""
-        raise ConfigError(f"convert: --draft-vocab {size} exceeds the target vocabulary ({vocab}){read}; "
-                          f"pass --draft-vocab {vocab} or less")
-
-
-def select_draft_vocab(counts_V: np.ndarray, size: int) -> np.ndarray:
-    """Top-``size`` ids by count (ties: lower id first), padded with unused low ids, sorted ascending."""
-    vocab = counts_V.shape[0]
-    check_draft_vocab_size(size, vocab)
-    order = np.lexsort((np.arange(vocab), -counts_V))  # by count desc, then id asc
-    return np.sort(order[:size])
-
-
-def draft_vocab_from_store(store: str, vocab_size: int, size: int) -> tuple[np.ndarray, dict]:
-    """The draft vocabulary of ``size`` target ids chosen from ``store`` and its ``draft_vocab.json`` stats.
-
-    Shared by the EAGLE-3 init and the Osprey conversion with ``--draft-vocab``.
-    """
-    counts = loss_masked_token_counts(store, vocab_size)
-    draft_ids = select_draft_vocab(counts, size)
-    total = int(counts.sum())
-    stats = {
-        "draft_vocab_size": int(draft_ids.shape[0]), "target_vocab_size": vocab_size,
-        "loss_masked_tokens": total, "distinct_loss_masked_tokens": int((counts > 0).sum()),
-        "coverage": round(float(counts[draft_ids].sum()) / total, 6) if total else 0.0,
-        "store": str(store),
-    }
-    return draft_ids, stats
 
 
 @torch.no_grad()
@@ -170,3 +120,12 @@ def run(config: Eagle3InitConfig) -> Eagle3InitResult:
     write_drafter_folder(model, config.out, tokenizer=side.tokenizer, extra={VOCAB_FILE: stats},
                          overwrite=config.overwrite)
     return Eagle3InitResult(out=config.out, stats=stats)
+
+
+def convert_eagle3(config: ConvertConfig) -> ConvertResult:
+    """``convert --arch eagle3``: random body, target embedding, store draft vocabulary (:func:`run`)."""
+    size = DEFAULT_DRAFT_VOCAB if config.draft_vocab_size is None else config.draft_vocab_size
+    result = run(Eagle3InitConfig(target=config.target, store=config.store, out=config.out,
+                                  draft_vocab_size=size, seed=config.seed,
+                                  num_layers=config.eagle3_layers, overwrite=config.overwrite))
+    return ConvertResult(out=result.out, stats=result.stats)
