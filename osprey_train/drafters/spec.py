@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from osprey_data.errors import ConfigError, ModelError
 
-__all__ = ["DrafterSpec", "no_check", "hf_only", "no_sglang_fields", "load_reference", "CHAIN_OBJECTIVE",
+__all__ = ["DrafterSpec", "no_check", "hf_only", "no_sglang_fields", "no_arch_options", "load_reference", "CHAIN_OBJECTIVE",
            "CHAIN_DRAFTS", "CHAIN_SESSION"]
 
 
@@ -39,6 +39,13 @@ CHAIN_SESSION = "osprey_train.evaluation.live_drafter:DrafterSession"
 
 def no_check(config: Any) -> None:
     """A check hook that accepts everything."""
+
+
+def no_arch_options(config: Any) -> None:
+    """A check hook for an architecture that has no settings of its own: ``arch_options`` must be empty."""
+    if config.arch_options:
+        raise ConfigError(f"drafter config: the {config.arch!r} drafter has no arch_options; got "
+                          f"{sorted(config.arch_options)}")
 
 
 def hf_only(config: Any, fmt: str) -> None:

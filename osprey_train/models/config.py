@@ -73,6 +73,9 @@ class DrafterConfig:
     """Target hidden states concatenated into fuse_taps's input (HF hidden_states numbering)."""
     target: TargetIdentity | None = None
     """The target this drafter was converted for (name, hashes, sizes), or None if unknown."""
+    arch_options: dict = field(default_factory=dict)
+    """Settings only its architecture has (plain JSON), checked by the arch's ``check_config``; the
+    chain archs have none (``{}``), a block drafter keeps its block size and mask token here."""
 
     def __post_init__(self) -> None:
         spec = drafter_spec(self.arch)
@@ -96,6 +99,8 @@ class DrafterConfig:
                 f"drafter config: draft_vocab_size={self.draft_vocab_size} exceeds the target "
                 f"vocab_size={self.vocab_size}"
             )
+        if not isinstance(self.arch_options, dict):
+            raise ConfigError(f"drafter config: arch_options must be a JSON object, got {self.arch_options!r}")
         spec.check_config(self)
         if self.family == "qwen3" and not self.qk_norm:
             raise ConfigError("drafter config: family 'qwen3' needs qk_norm=True")

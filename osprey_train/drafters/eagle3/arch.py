@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from osprey_data.errors import ConfigError
-from osprey_train.drafters.spec import DrafterSpec
+from osprey_train.drafters.spec import DrafterSpec, no_arch_options
 
 __all__ = ["SPEC", "SGLANG_ARCHITECTURE", "NUM_TAPS", "DEFAULT_DRAFT_VOCAB"]
 
@@ -22,6 +22,7 @@ DEFAULT_DRAFT_VOCAB = 32000
 
 
 def _check_config(config: Any) -> None:
+    no_arch_options(config)
     if config.family != "llama" or config.qk_norm:
         raise ConfigError("drafter config: eagle3 uses a Llama-style layer (family 'llama', no qk_norm)")
 

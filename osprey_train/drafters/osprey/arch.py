@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from osprey_data.errors import ConfigError
-from osprey_train.drafters.spec import DrafterSpec
+from osprey_train.drafters.spec import DrafterSpec, no_arch_options
 
 __all__ = ["SPEC", "SGLANG_ARCHITECTURE", "SGLANG_PACKAGE", "VLLM_ARCHITECTURE", "VLLM_FAMILIES"]
 
@@ -61,6 +61,7 @@ SPEC = DrafterSpec(
     default_draft_vocab=None,
     study_layer_cost=0.75,
     tiny={},
+    check_config=no_arch_options,
     check_convert=_check_convert,
     check_export=_check_export,
     vllm_writer="osprey_train.drafters.osprey.export:write_osprey_vllm",

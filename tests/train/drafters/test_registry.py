@@ -1,21 +1,29 @@
 """The drafter registry's contract, checked for every registered architecture.
 
-Each arch builds a tiny model from its spec, round-trips save/load, runs a TTT forward (loss and
-backward) and a chain draft, and either exports to each format and reads it back, or refuses that
-format with a ConfigError before writing anything. A new architecture registered in
-``osprey_train/drafters/registry.py`` is covered here without writing a test.
+Each arch builds a tiny model from its spec, round-trips save/load, runs its training objective
+(loss and backward) and its offline drafts through the spec's hooks, and either exports to each
+format and reads it back, or refuses that format with a ConfigError before writing anything. A new
+architecture folder ``osprey_train/drafters/<name>/`` is covered here without writing a test; the
+registry's discovery of the folders is tested at the end.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
 
-from osprey_data.errors import ConfigError
-from osprey_train.drafters.registry import DRAFTERS, arch_names, drafter_spec, register_drafter
-from osprey_train.drafters.spec import DrafterSpec
+from osprey_data.errors import ConfigError, ModelError
+from osprey_train.drafters import registry
+from osprey_train.drafters.registry import (DRAFTERS, arch_names, discover, drafter_spec, register_drafter,
+                                            unregister_drafter)
+from osprey_train.drafters.spec import CHAIN_DRAFTS, CHAIN_OBJECTIVE, CHAIN_SESSION, DrafterSpec
+from osprey_train.stages.distill import DistillConfig
+from osprey_train.trainer import LoopConfig
 from osprey_train.evaluation.chain_draft import draft_all_positions
 from osprey_train.export import EXPORTERS, ExportConfig, load_export
 from osprey_train.export import run as export_run
@@ -91,19 +99,37 @@ def test_save_load_round_trip(arch, tmp_path):
     assert torch.equal(logits(back), logits(model))
 
 
-def test_ttt_forward_and_chain_draft(arch):
+def test_objective_and_offline_drafts_through_the_hooks(arch, tmp_path):
+    spec = drafter_spec(arch)
     model = tiny_drafter(arch).train()
     batch = tiny_batch()
-    out = ttt_loss(model, batch, steps=3, vmap=VocabMap.from_drafter(model.draft_to_target, V),
-                   score_out_of_vocab=True)
-    out.loss.backward()
-    assert torch.isfinite(out.loss) and out.metrics["scored_k2"] > 0
-    assert model.taps_projection().weight.grad.abs().sum() > 0
+    cfg = DistillConfig(drafter=tmp_path / "d", store="unused", loop=LoopConfig(out_dir=tmp_path / "run"),
+                        ttt_steps=3, score_out_of_vocab=True)
+    objective = spec.load("objective")(model, cfg, None)
+    assert objective.drafter is model   # distill saves and evaluates objective.drafter
+    loss, metrics = objective(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and metrics
+    assert model.taps_projection().weight.grad.abs().sum() > 0   # the target's taps reach the loss
     model.eval()
-    drafts = draft_all_positions(model, batch.input_ids_BT[0], batch.taps_BTLDt[0], 3)
+    drafts = spec.load("offline_drafts")(model, batch.input_ids_BT[0], batch.taps_BTLDt[0], 3, impl="sdpa")
     assert drafts.shape == (batch.input_ids_BT.shape[1] - 1, 3)
     allowed = set(range(V)) if model.draft_to_target is None else set(model.draft_to_target.tolist())
     assert set(drafts.flatten().tolist()) <= allowed   # drafts are target ids of the draft vocabulary
+    assert callable(spec.load("live_session"))
+
+
+def test_chain_archs_keep_ttt_and_chain_drafts(arch):
+    """The chain defaults are what the two built-in archs train and draft with (EAGLE-3's TTT)."""
+    if arch not in ("osprey", "eagle3"):
+        pytest.skip("a built-in chain arch only")
+    spec = drafter_spec(arch)
+    assert (spec.objective, spec.offline_drafts, spec.live_session) == (CHAIN_OBJECTIVE, CHAIN_DRAFTS, CHAIN_SESSION)
+    model = tiny_drafter(arch)
+    out = ttt_loss(model, tiny_batch(), steps=3, vmap=VocabMap.from_drafter(model.draft_to_target, V),
+                   score_out_of_vocab=True)
+    assert out.metrics["scored_k2"] > 0
+    assert spec.load("offline_drafts") is draft_all_positions
 
 
 @pytest.mark.parametrize("fmt", sorted(EXPORTERS))
@@ -160,6 +186,51 @@ def test_registration_refuses_duplicates_and_bad_names():
     assert "copycat" not in DRAFTERS
 
 
+def test_every_arch_folder_is_registered_under_its_own_name():
+    folder = Path(registry.__file__).parent
+    folders = sorted(p.parent.name for p in folder.glob("*/arch.py"))
+    assert set(folders) <= set(arch_names()) and {"osprey", "eagle3"} <= set(folders)
+    assert arch_names()[0] == "osprey"   # the lowest listing_order: the default --arch
+
+
+def _arch_folder(root: Path, name: str, body: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+    (root / name / "arch.py").write_text(body)
+
+
+def test_discovery_refuses_a_folder_named_otherwise_or_without_a_spec(tmp_path, monkeypatch):
+    root = tmp_path / "fake_drafters"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec_line = ("from osprey_train.drafters.spec import DrafterSpec\n"
+                 "SPEC = DrafterSpec(name={!r}, summary='', model_class='m:c', convert='m:c', needs_backbone=False)\n")
+    _arch_folder(root, "zz_misnamed", spec_line.format("zz_other"))
+    with pytest.raises(ModelError, match="an arch folder is named after its arch"):
+        discover("fake_drafters", root)
+    shutil.rmtree(root / "zz_misnamed")
+    _arch_folder(root, "zz_nospec", "X = 1\n")
+    with pytest.raises(ModelError, match="defines no SPEC"):
+        discover("fake_drafters", root)
+    shutil.rmtree(root / "zz_nospec")
+    _arch_folder(root, "zz_fine", spec_line.format("zz_fine"))
+    (root / "not_an_arch").mkdir()   # a folder without arch.py is not an architecture
+    try:
+        assert [s.name for s in discover("fake_drafters", root)] == ["zz_fine"]
+        assert arch_names()[-1] == "zz_fine" and arch_names()[0] == "osprey"
+    finally:
+        unregister_drafter("zz_fine")
+
+
 def test_unknown_arch_is_named_with_the_known_ones():
     with pytest.raises(ConfigError, match=r"'medusa' is not one of \('osprey', 'eagle3'"):
         DrafterConfig.from_name("tiny", arch="medusa")
+
+
+def test_arch_options_travel_in_config_json_and_chain_archs_have_none(arch, tmp_path):
+    with pytest.raises(ConfigError, match="has no arch_options") if arch in ("osprey", "eagle3") else nullcontext():
+        DrafterConfig.from_name("tiny", arch=arch, **{**drafter_spec(arch).tiny, "arch_options": {"bogus": 1}})
+    model = tiny_drafter(arch)
+    save_drafter(model, tmp_path / "d")
+    assert load_drafter(tmp_path / "d").config.arch_options == model.config.arch_options

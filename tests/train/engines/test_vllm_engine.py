@@ -10,7 +10,7 @@ The drafters are made here, in a few CPU minutes, so that vLLM has something to 
 - **Osprey**: SmolLM2 "pruned" to all of its 30 blocks and converted, so that at initialisation
   it drafts the target's own next tokens, then its zero-initialised condition columns filled with
   small seeded noise, so that the drafts depend on the taps (and W_c) and most of them are still
-  accepted. This exercises the Osprey vLLM class (osprey_train/engines/vllm_osprey.py) in every
+  accepted. This exercises the Osprey vLLM class (osprey_train/drafters/osprey/vllm_model.py) in every
   position, conditioning included, without a long distillation.
 - **EAGLE-3**: converted from a store of the shipped demo prompts with a 2048-token draft
   vocabulary (a ``d2t`` map) and distilled for a few dozen steps.

@@ -1,6 +1,6 @@
 """The SGLang external class, run on CPU against minimal stand-ins for the SGLang layers it uses.
 
-No SGLang here, so ``osprey_train/export/sglang_model.py`` is loaded under another module name
+No SGLang here, so ``osprey_train/drafters/osprey/sglang/model.py`` is loaded under another module name
 with fake ``sglang.*`` modules (installed only for this test) that implement the documented
 semantics of the pieces it uses: fused QKV / gate-up linears with shard weight loaders, a
 row-parallel linear, neox-style rotary (HF half rotation), causal attention over one sequence, an
