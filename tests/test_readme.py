@@ -18,6 +18,8 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The command walk-through and the input example moved from the README to this page (issue 35).
+WALKTHROUGH = (ROOT / "docs" / "walkthrough.md").read_text(encoding="utf-8")
 
 
 def _readme_commands() -> dict[str, str]:
@@ -77,9 +79,9 @@ def _command(path: list[str]) -> click.Command:
 
 
 def _readme_invocations() -> list[tuple[list[str], str]]:
-    """(command path, the rest of the line) of every ``osprey ...`` line in README code blocks."""
+    """(command path, the rest of the line) of every ``osprey ...`` line in README and walk-through code blocks."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", README + WALKTHROUGH, flags=re.S):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             m = re.search(r"\bosprey ((?:data|train|eval|study) [\w-]+|export|demo|fetch-model)(?![\w-])(.*)", line)
@@ -131,8 +133,8 @@ def test_the_readme_input_example_parses_with_the_real_reader(tmp_path):
     normalized to role/content turns, the optional keys kept and a missing id derived."""
     from osprey_data.conversation.inputs import iter_inputs
 
-    blocks = re.findall(r"```jsonl\n(.*?)```", README, flags=re.S)
-    assert len(blocks) == 1, "the README shows one input example (```jsonl)"
+    blocks = re.findall(r"```jsonl\n(.*?)```", WALKTHROUGH, flags=re.S)
+    assert len(blocks) == 1, "docs/walkthrough.md shows one input example (```jsonl)"
     path = tmp_path / "example.jsonl"
     path.write_text(blocks[0], encoding="utf-8")
     samples = list(iter_inputs([str(path)]))
