@@ -102,7 +102,8 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
               help="Folder for sweep.md, sweep.json, sweep.png.")
 @click.option("--cost", default=None,
               help="Cost model: a cost-model JSON file, the preset example-gpu (assumed, not measured), or "
-                   "draft_step=F[,verify_scale=F][,round_overhead=F]. Without it: acceptance lengths only.")
+                   "draft_step=F, optionally followed by ,verify_scale=F and ,round_overhead=F. Without it: "
+                   "acceptance lengths only.")
 @click.option("--tree", "trees", multiple=True, help=_TREE_HELP + " Replaces the grid.")
 @click.option("--grid-steps", default="1,2,3,4,5,6", show_default=True, help="Grid: num-steps values.")
 @click.option("--grid-topk", default="1,2,4,8", show_default=True, help="Grid: eagle-topk values.")
