@@ -1,0 +1,79 @@
+"""The documentation site cannot drift from the repository (issue 35), checked without mkdocs.
+
+CI also runs ``mkdocs build --strict`` (.ci/run); these checks catch the same drift in the plain
+test run: a page missing from the menu or a menu entry without its page, a README that grew back
+past one screen, a README figure without its report, and an architecture page that no longer names
+the packages whose import rules ``tests/test_import_graph.py`` enforces.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README_LIMIT = 10_240
+
+
+def nav_pages(mkdocs_yml: str) -> list[str]:
+    """The ``*.md`` files the ``nav`` of mkdocs.yml names (read as text: PyYAML is not a test dependency)."""
+    nav = mkdocs_yml.split("\nnav:\n", 1)[1]
+    return re.findall(r"^\s+- (?:[^:\n]+: )?([\w./-]+\.md)\s*$", nav, flags=re.M)
+
+
+def results_rows(readme: str) -> list[str]:
+    """The body rows of the README's "Measured results" table."""
+    section = readme.split("## Measured results", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return rows[2:]  # header and separator
+
+
+def test_every_nav_page_exists_and_every_page_is_in_the_nav():
+    pages = nav_pages((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert len(pages) >= 10
+    missing = [p for p in pages if not (DOCS / p).is_file()]
+    assert not missing, f"mkdocs.yml nav names pages that do not exist: {missing}"
+    # docs/results/** are reached through links (mkdocs.yml not_in_nav); every other page is in the menu
+    top = sorted(p.name for p in DOCS.glob("*.md"))
+    assert not set(top) - set(pages), f"docs pages missing from the mkdocs.yml nav: {sorted(set(top) - set(pages))}"
+
+
+def test_nav_reader_sees_a_missing_page():
+    assert nav_pages("x: 1\nnav:\n  - Home: index.md\n  - Ref:\n      - CLI: cli.md\n") == ["index.md", "cli.md"]
+
+
+def test_readme_fits_one_screen():
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= README_LIMIT, f"README.md is {size} bytes (at most {README_LIMIT}): move detail to docs/"
+
+
+def test_every_readme_figure_links_its_report():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = results_rows(readme)
+    assert len(rows) >= 3
+    for row in rows:
+        links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", row)
+        assert links, f"a README result without its report link: {row}"
+        for link in links:
+            assert (ROOT / link).is_file(), f"the README links {link}, which does not exist"
+
+
+def test_results_rows_reader_sees_a_row_without_link():
+    text = "## Measured results\n\n| a | b |\n|---|---|\n| x | 1.0 |\n\n## Next\n"
+    assert results_rows(text) == ["| x | 1.0 |"]
+    assert not re.findall(r"\]\(([^)#]+)\)", results_rows(text)[0])
+
+
+def test_architecture_names_every_package_of_the_import_graph():
+    graph = (ROOT / "tests" / "test_import_graph.py").read_text(encoding="utf-8")
+    packages = re.search(r"PACKAGES = (\{.*?\})", graph, flags=re.S).group(1)
+    pairs = re.findall(r'"(\w+)": "(\w+)"', packages)
+    assert len(pairs) >= 4
+    arch = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    for name, folder in pairs:
+        assert name in arch and f"{folder}/" in arch, f"docs/architecture.md does not name {name} ({folder}/)"
+    subsystems = sorted(p.name for p in (ROOT / "osprey_train").iterdir() if (p / "__init__.py").is_file())
+    subsystems += sorted(p.name for p in (ROOT / "osprey_data").iterdir() if (p / "__init__.py").is_file())
+    missing = [s for s in subsystems if f"{s}/" not in arch]
+    assert not missing, f"docs/architecture.md does not describe these subsystem folders: {missing}"
