@@ -75,8 +75,10 @@ def _load(spec: str) -> click.Command:
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported only when listed help or invoked."""
 
-    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lazy: dict[str, str | click.Command] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # name -> "module:attribute" to import on first use, or a command already built (the
+        # subgroups, which import nothing until their own commands are asked for)
         self._lazy = dict(lazy or {})
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -84,7 +86,8 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self._lazy:
-            return _load(self._lazy[cmd_name])
+            entry = self._lazy[cmd_name]
+            return entry if isinstance(entry, click.Command) else _load(entry)
         return super().get_command(ctx, cmd_name)
 
 
@@ -114,15 +117,20 @@ class OspreyCLI(LazyGroup):
             ctx.exit(2)
 
 
-@click.group(cls=OspreyCLI, lazy=COMMANDS[""])
+# The subgroups join the root through its lazy table, not add_command: the root's `commands` dict
+# then stays empty, so whatever lists the tree goes through list_commands and sees every command.
+# mkdocs-click (docs/cli.md) reads a non-empty `commands` dict as the whole list, and the generated
+# CLI reference once lacked demo, export and fetch-model because only the subgroups were in it.
+_GROUPS: dict[str, str | click.Command] = {
+    name: LazyGroup(name=name, lazy=dict(commands), help=_GROUP_HELP[name])
+    for name, commands in COMMANDS.items() if name
+}
+
+
+@click.group(cls=OspreyCLI, lazy={**COMMANDS[""], **_GROUPS})
 @click.version_option(package_name="osprey")
 def cli() -> None:
     """Osprey: target-agnostic pre-trained drafters for speculative decoding."""
-
-
-for _group_name, _commands in COMMANDS.items():
-    if _group_name:
-        cli.add_command(LazyGroup(name=_group_name, lazy=_commands, help=_GROUP_HELP[_group_name]))
 
 
 def main(argv: list[str] | None = None) -> None:
