@@ -108,3 +108,56 @@ def test_generated_cli_reference_sees_every_command():
     full = _tree(cli, ctx, listed_by_mkdocs_click=False)
     assert {"demo", "export", "data build", "train distill"} <= full
     assert _tree(cli, ctx, listed_by_mkdocs_click=True) == full
+
+
+# The hand-written option tables kept beside the generated CLI reference (docs/cli.md): they add
+# what --help cannot (measurements, formats, the why of a default). page -> (section heading or
+# "" for the page's top, the command its table rows document).
+FLAG_TABLES = {
+    "build.md": [("## Options", ("data", "build"))],
+    "pretrain.md": [("## `osprey data tokenize-corpus`", ("data", "tokenize-corpus")),
+                    ("## `osprey train pretrain`", ("train", "pretrain"))],
+    "live.md": [("", ("eval", "live"))],
+    "demo.md": [("## Options", ("demo",))],
+}
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n") if heading else 0
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def _table_flags(section: str) -> set[str]:
+    """The flags named in the first cell of each table row that documents one."""
+    flags = set()
+    for line in section.splitlines():
+        if line.startswith("| `--"):
+            flags |= set(re.findall(r"--[a-z0-9][a-z0-9-]*", line.split("|")[1]))
+    return flags
+
+
+def test_hand_written_option_tables_name_only_real_flags():
+    # A renamed or removed flag would otherwise live on in these pages while --help and the
+    # generated reference moved on: every flag a table names must be one the command accepts.
+    import click
+
+    from osprey_cli.main import cli
+
+    ctx = click.Context(cli)
+    for page, tables in FLAG_TABLES.items():
+        text = (DOCS / page).read_text(encoding="utf-8")
+        for heading, path in tables:
+            command = cli
+            for name in path:
+                command = command.get_command(ctx, name)
+            accepted = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+            named = _table_flags(_section(text, heading))
+            assert named, f"docs/{page} {heading or 'top'}: no option table found"
+            unknown = sorted(named - accepted)
+            assert not unknown, f"docs/{page} {heading or 'top'} names flags `osprey {' '.join(path)}` lacks: {unknown}"
+
+
+def test_table_flags_reader():
+    text = "## Options\n\n| flag | x |\n|---|---|\n| `--a` / `--b-c` | d `--not-this` |\n\n## Next\n| `--z` | |\n"
+    assert _table_flags(_section(text, "## Options")) == {"--a", "--b-c"}
