@@ -161,3 +161,56 @@ def test_hand_written_option_tables_name_only_real_flags():
 def test_table_flags_reader():
     text = "## Options\n\n| flag | x |\n|---|---|\n| `--a` / `--b-c` | d `--not-this` |\n\n## Next\n| `--z` | |\n"
     assert _table_flags(_section(text, "## Options")) == {"--a", "--b-c"}
+
+
+def _subsystem(module: str) -> str:
+    """The architecture table's name for a module: its package folder, or ``osprey_data/*.py``."""
+    parts = module.split(".")
+    if parts[0] in ("osprey_cli", "osprey_schemas"):
+        return parts[0]
+    folder = {"osprey_data": "osprey_data", "osprey_train": "osprey_train"}[parts[0]]
+    if len(parts) >= 2 and (ROOT / folder / parts[1] / "__init__.py").is_file():
+        return parts[1]
+    return f"{folder}/*.py"
+
+
+def _subsystem_arrows() -> dict[str, set[str]]:
+    """subsystem -> the other subsystems its modules import (any import: top, function, TYPE_CHECKING)."""
+    import ast
+
+    roots = {"osprey_data": "osprey_data", "osprey_train": "osprey_train", "osprey_cli": "cli",
+             "osprey_schemas": "schemas"}
+    arrows: dict[str, set[str]] = {}
+    for name, folder in roots.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            module = ".".join([name, *path.relative_to(ROOT / folder).with_suffix("").parts])
+            source = _subsystem(module)
+            targets = arrows.setdefault(source, set())
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = [node.module]
+                else:
+                    continue
+                targets |= {_subsystem(n) for n in names if n.split(".")[0] in roots} - {source}
+    return arrows
+
+
+def test_architecture_arrows_are_the_imports():
+    arch = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    table = arch.split("## Subsystems and the arrows between them", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for row in table.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        name = re.match(r"`([^`]+)`", cells[0]).group(1)
+        name = name if name.endswith("*.py") or "/" not in name else name.rstrip("/").rsplit("/", 1)[1]
+        documented[name] = set(re.findall(r"`([^`]+)`", cells[2]))
+    # the schemas package imports nothing of ours, and osprey_train/__init__.py is only a docstring
+    actual = {k: v for k, v in _subsystem_arrows().items() if k not in ("osprey_schemas", "osprey_train/*.py") or v}
+    assert set(documented) == set(actual), f"architecture.md subsystems {sorted(documented)} vs {sorted(actual)}"
+    drift = {k: (sorted(documented[k] - actual[k]), sorted(actual[k] - documented[k]))
+             for k in actual if documented[k] != actual[k]}
+    assert not drift, f"docs/architecture.md arrows (documented only, imported only): {drift}"
