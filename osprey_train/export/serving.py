@@ -1,6 +1,6 @@
 """Recommended SGLang serving flags for an export: ``serving.json`` and a ``README.md`` next to the weights.
 
-The recommendation is SGLang's ``--speculative-*`` flags (algorithm EAGLE3, num-steps,
+The recommendation is SGLang's ``--speculative-*`` flags (the arch's ``sglang_algorithm``: EAGLE3 for the chain drafters; num-steps,
 eagle-topk, num-draft-tokens, the draft model path). It comes from the best shape of a sweep
 (``osprey eval sweep --cost ...``, :mod:`osprey_train.evaluation.sweep`) when the user passes
 ``--sweep FILE``; otherwise it is the chain the Osprey paper evaluates (steps 5, topk 1,

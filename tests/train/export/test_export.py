@@ -373,3 +373,12 @@ def test_default_export_is_bfloat16_with_int64_d2t_and_says_so(drafters, tmp_pat
     # bf16 is about half the bytes of float32
     assert (out / "model.safetensors").stat().st_size > 1.8 * sum(v.numel() * 2 for v in state.values()
                                                                    if v.is_floating_point())
+
+
+def test_the_old_sglang_package_hands_sglang_the_same_class():
+    """Exports written before the class moved name SGLANG_EXTERNAL_MODEL_PACKAGE=osprey_train.export:
+    that package's module must import and carry the moved class's EntryClass (none without SGLang)."""
+    import osprey_train.drafters.osprey.sglang.model as moved
+    import osprey_train.export.sglang_model as old
+
+    assert getattr(old, "EntryClass", None) is getattr(moved, "EntryClass", None)
