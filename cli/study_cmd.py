@@ -64,7 +64,10 @@ def run(study_file: str, out: Path | None, cache: str | None, progress: bool) ->
 @_STUDY_ARG
 @_OUT
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def status(study_file: str, out: Path | None, as_json: bool) -> None:
+@click.option("--verify", is_flag=True,
+              help="Hash every finished stage's outputs against the sha256 its stage.json recorded; exit 1 "
+                   "when one is damaged.")
+def status(study_file: str, out: Path | None, as_json: bool, verify: bool) -> None:
     """How far the study is: stages finished per kind, the one in progress, time to go.
 
     \b
@@ -74,8 +77,10 @@ def status(study_file: str, out: Path | None, as_json: bool) -> None:
     from osprey_train.study.status import status as study_status
 
     cfg, out = _load(study_file, out)
-    st = study_status(cfg, out)
+    st = study_status(cfg, out, verify=verify)
     click.echo(json.dumps(st.to_dict(), indent=2) if as_json else st.to_text())
+    if st.corrupt:
+        raise SystemExit(1)
 
 
 @click.command("report")

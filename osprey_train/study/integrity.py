@@ -16,10 +16,16 @@ Not hashed: ``stage.json`` itself, run-lock files (rewritten by every run), and 
 themselves on every read: a feature store (``store/``: per-shard commit checksums) and a
 tokenized corpus (``corpus/``: per-shard sha256 in its ``index.json``). Stages finished before
 checksums existed have none and are reused as before.
+
+A finished stage that nothing reads again (the final distilled drafter, the one people export) is
+checked by ``osprey study status --verify`` and by every ``osprey study report``
+(:func:`damaged_outputs`, :func:`refuse_damaged`): the report refuses to present the figures of a
+study whose finished stages no longer match their records.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +34,8 @@ from osprey_data.digest import file_sha256
 from osprey_data.errors import StageCorruptError
 from osprey_train.trainer.run_lock import LOCK_NAME
 
-__all__ = ["output_checksums", "verify_stage", "read_stage_record", "CHECKSUM_KEY"]
+__all__ = ["output_checksums", "verify_stage", "read_stage_record", "damaged_outputs", "refuse_damaged",
+           "CHECKSUM_KEY"]
 
 CHECKSUM_KEY = "outputs_sha256"
 STAGE_RECORD = "stage.json"
@@ -101,3 +108,28 @@ def verify_stage(folder: Path, label: str) -> dict[str, Any]:
                                     f"from the one recorded when it finished); delete {folder} and rerun the same "
                                     "command to run that stage again")
     return record
+
+
+def damaged_outputs(stages: Iterable[tuple[Path, str]]) -> list[dict[str, str]]:
+    """Every finished stage of ``stages`` (folder, label) whose outputs differ from its record:
+    ``{"stage", "folder", "problem"}`` each (an empty list: all sound)."""
+    found = []
+    for folder, label in stages:
+        try:
+            verify_stage(folder, label)
+        except StageCorruptError as exc:
+            found.append({"stage": label, "folder": str(folder), "problem": str(exc)})
+    return found
+
+
+def refuse_damaged(stages: Iterable[tuple[Path, str]], what: str) -> None:
+    """Raise :class:`StageCorruptError` naming each damaged finished stage of ``stages`` and the way
+    out, so that ``what`` (a report) never presents their figures as sound."""
+    found = damaged_outputs(stages)
+    if found:
+        names = "; ".join(f"{d['stage']} ({d['problem']})" for d in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise StageCorruptError(
+            f"{what}: {len(found)} finished stage(s) no longer match the sha256 recorded when they finished, so "
+            f"their figures are not presented: {names}{more}. Delete each named stage folder and rerun "
+            f"`osprey study run` (the stages are rerun from their inputs), then report again")

@@ -2,7 +2,9 @@
 
 Nothing is recomputed: every figure comes from the ``stage.json`` records and metrics files the
 runner wrote. A study that is still running (or was stopped) gives partial results; the document
-says which stages are missing.
+says which stages are missing. Every finished stage's outputs are checked against the sha256 its
+record holds first: a damaged one refuses the whole document (a drafter whose weights changed
+after its figures were measured must not be presented with them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from osprey_data.errors import StoreNotFoundError
 from osprey_data.store.manifest import parse_manifest
 from osprey_train.study.config import StudyConfig
+from osprey_train.study.integrity import refuse_damaged
 from osprey_train.study.plan import Plan, build_plan
 from osprey_train.study.runner import code_version, read_record, stage_dir
 from osprey_train.trainer.config import config_json
@@ -65,6 +68,8 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
     plan = plan or build_plan(cfg, lookup=lambda key: read_record(out, key))
     records = {n.key: read_record(out, n) for n in plan.nodes if not n.pending}
     done = [n for n in plan.nodes if records.get(n.key)]
+    # a finished stage whose files no longer match its record (a flipped bit in a drafter) is refused
+    refuse_damaged([(stage_dir(out, n), n.label) for n in done], f"study report of {out}")
     missing = [n.label for n in plan.nodes if not records.get(n.key)]
     domains = [d.name for d in cfg.domains]
 

@@ -16,6 +16,7 @@ from typing import Any
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.plan import build_plan
 from osprey_train.study.eta import format_duration, study_estimate
+from osprey_train.study.integrity import damaged_outputs
 from osprey_train.study.runner import STAGE_RECORD, read_record, stage_dir
 from osprey_train.study.runner_locks import live_runners
 
@@ -49,13 +50,18 @@ class StudyStatus:
     damaged: list[str] = field(default_factory=list)
     """Finished-looking stage folders whose ``stage.json`` does not parse (``study run`` refuses
     them until the folder is deleted): not counted as finished."""
+    corrupt: list[dict[str, str]] = field(default_factory=list)
+    """With ``verify``: finished stages whose outputs differ from the sha256 their record holds
+    (``{"stage", "folder", "problem"}``); not counted as finished."""
+    verified: bool = False
+    """Whether every finished stage's outputs were hashed against its record."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "out": str(self.out), "total": self.total, "done": self.done,
                 "by_kind": self.by_kind, "in_work": self.in_work, "next": self.next,
                 "remaining_s": self.remaining_s, "estimate_note": self.estimate_note,
                 "estimate_measured": self.estimate_measured, "spent_s": self.spent_s,
-                "lock": self.lock, "damaged": self.damaged}
+                "lock": self.lock, "damaged": self.damaged, "verified": self.verified, "corrupt": self.corrupt}
 
     def to_text(self) -> str:
         lines = [f"study {self.name} in {self.out}: {self.done}/{self.total} stages finished; "
@@ -69,6 +75,10 @@ class StudyStatus:
             lines.append(f"  in progress: {w['label']}" + (f" ({w['progress']})" if w.get("progress") else ""))
         for folder in self.damaged:
             lines.append(f"  damaged: {folder} (stage.json unreadable; delete it to run that stage again)")
+        for bad in self.corrupt:
+            lines.append(f"  damaged output: {bad['problem']}")
+        if self.verified:
+            lines.append(f"  verified: {'every finished stage matches its sha256' if not self.corrupt else f'{len(self.corrupt)} finished stage(s) damaged'}")
         if self.next:
             lines.append("  next: " + "; ".join(self.next))
         return "\n".join(lines)
@@ -97,23 +107,28 @@ def _work_progress(folder: Path, kind: str) -> str | None:
     return None
 
 
-def status(cfg: StudyConfig, out: Path) -> StudyStatus:
-    """The status of study ``cfg`` in folder ``out``."""
+def status(cfg: StudyConfig, out: Path, *, verify: bool = False) -> StudyStatus:
+    """The status of study ``cfg`` in folder ``out``; ``verify`` hashes every finished stage's outputs
+    against its record (a damaged one is listed in ``corrupt``, not counted as finished)."""
     out = Path(out)
     plan = build_plan(cfg, lookup=lambda key: read_record(out, key))
-    st = StudyStatus(name=cfg.study.name, out=out, total=len(plan.nodes), done=0)
+    st = StudyStatus(name=cfg.study.name, out=out, total=len(plan.nodes), done=0, verified=verify)
     todo = []
     for node in plan.nodes:
         counts = st.by_kind.setdefault(node.kind, {"done": 0, "total": 0})
         counts["total"] += 1
         record = None if node.pending else read_record(out, node)
+        bad = damaged_outputs([(stage_dir(out, node), node.label)]) if record is not None and verify else []
+        if bad:
+            st.corrupt += bad
+            record = None
         if record is not None:
             counts["done"] += 1
             st.done += 1
             st.spent_s += record.get("wall_s", 0.0)
             continue
         todo.append(node)
-        if not node.pending and (stage_dir(out, node) / STAGE_RECORD).is_file():
+        if not node.pending and not bad and (stage_dir(out, node) / STAGE_RECORD).is_file():
             st.damaged.append(str(stage_dir(out, node)))
         work = out / "work" / node.folder
         if not node.pending and work.is_dir() and not (stage_dir(out, node) / STAGE_RECORD).is_file():

@@ -298,6 +298,37 @@ def test_a_damaged_finished_convert_stage_is_refused_before_reuse(finished, tmp_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_flipped_bit_in_a_final_drafter_is_found_by_status_verify_and_refused_by_the_report(finished, tmp_path):
+    """Issue #45 item 2: a finished distill stage's final drafter (the one people export) is read by
+    no later stage, so a flipped bit in it went unnoticed: `study run` reused it, `study status` and
+    `study report` exited 0 with its figures. `status --verify` finds it; the report refuses."""
+    from osprey_data.errors import StageCorruptError
+
+    cfg, reference, _ = finished
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    plan = build_plan(cfg, lookup=lambda key: read_record(out, key))
+    distill = next(n for n in plan.nodes if n.kind == "distill")
+    damaged = stage_dir(out, distill) / "run" / "final" / "model.safetensors"
+    _flip_exponent_bit(damaged)
+    assert status(cfg, out).done == len(plan.nodes)            # the cheap status cannot see it
+    st = status(cfg, out, verify=True)
+    assert st.done == len(plan.nodes) - 1 and [c["stage"] for c in st.corrupt] == [distill.label]
+    assert str(damaged) in st.corrupt[0]["problem"] and st.damaged == []
+    assert "damaged output:" in st.to_text() and "1 finished stage(s) damaged" in st.to_text()
+    runner = CliRunner()
+    res = runner.invoke(cli, ["study", "status", str(cfg.path), "--out", str(out), "--verify"])
+    assert res.exit_code == 1 and str(damaged) in res.output
+    with pytest.raises(StageCorruptError, match=rf"study report of {out}: 1 finished stage\(s\) no longer match.*"
+                                                rf"{damaged}.*Delete each named stage folder"):
+        report(ReportConfig(study=cfg, out=out, report_dir=tmp_path / "r"))
+    assert not (tmp_path / "r" / "README.md").exists()
+    res = runner.invoke(cli, ["study", "report", str(cfg.path), "--out", str(out), "--dir", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "no longer match" in res.output and "Traceback" not in res.output
+    res = runner.invoke(cli, ["study", "status", str(cfg.path), "--out", str(reference), "--verify"])
+    assert res.exit_code == 0 and "verified: every finished stage matches its sha256" in res.output
+
+
 @pytest.mark.parametrize("garbage", ["{garbage", "[" * 100000 + "]" * 100000], ids=["broken", "deep"])
 def test_a_garbage_stage_record_is_an_error_not_done(finished, tmp_path, garbage):
     """Issue #25 items 18-19: a stage.json that does not parse (or nests 100,000 deep) does not
