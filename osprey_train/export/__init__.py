@@ -14,7 +14,7 @@ from typing import Callable
 from osprey_data.cpu_threads import check_threads, note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError
 from osprey_train.drafters.registry import drafter_spec
-from osprey_train.export.common import DTYPES
+from osprey_train.export.common import DTYPES, check_representable
 from osprey_train.export.hf import read_hf, write_hf
 from osprey_train.export.serving import ServingRecommendation, recommend
 from osprey_train.export.sglang import read_sglang, write_sglang
@@ -96,6 +96,9 @@ def run(config: ExportConfig) -> ExportResult:
                           "sweep this drafter again")
     with torch_threads(config.threads, note_to_stderr):
         model = load_drafter(config.drafter)
+        # before any file is written: a finite weight that --dtype cannot hold is refused, not made inf
+        check_representable(model.state_dict(), DTYPES[config.dtype],
+                            f"export --dtype {config.dtype} of {Path(config.drafter) / 'model.safetensors'}")
         writer, _ = EXPORTERS[config.format]
         writer(model, config.out, dtype=DTYPES[config.dtype], source_dir=config.drafter, overwrite=config.overwrite,
                **extra)

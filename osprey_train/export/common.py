@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from osprey_data import jsonio
 from osprey_data.atomic import atomic_dir
-from osprey_data.errors import CheckpointError
+from osprey_data.errors import CheckpointError, ModelError
 from osprey_train.models.io import write_safetensors
 
-__all__ = ["DTYPES", "dtype_name", "cast_floating", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
+__all__ = ["DTYPES", "dtype_name", "cast_floating", "check_representable", "write_folder", "copy_side_files", "offset_d2t", "absolute_d2t",
            "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,9 +33,40 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def check_representable(state: dict[str, torch.Tensor], dtype: torch.dtype, where: str = "export") -> None:
+    """Refuse floating tensors whose finite values lie beyond ``dtype``'s range (float16: 65504), which a
+    cast would silently turn into inf; the error names each such tensor and its largest |value|.
+
+    Values already inf or NaN are left to the drafter's own checks; only a finite value that the cast
+    itself would destroy is refused.
+    """
+    if not dtype.is_floating_point:
+        return
+    limit = torch.finfo(dtype).max
+    over = []
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() or torch.finfo(tensor.dtype).max <= limit:
+            continue
+        finite = tensor.detach().abs().nan_to_num(nan=0.0, posinf=0.0)
+        if finite.numel() and (peak := float(finite.max())) > limit:
+            # a value just above the limit may still round down to it: keep only those that overflow
+            if torch.isinf(tensor.detach()[tensor.detach().isfinite()].to(dtype)).any():
+                over.append((peak, name))
+    if over:
+        over.sort(reverse=True)
+        named = ", ".join(f"{name!r} (largest |value| {peak:.6g})" for peak, name in over[:3])
+        more = f" and {len(over) - 3} more" if len(over) > 3 else ""
+        raise ModelError(
+            f"{where}: {named}{more} hold finite weights above {dtype_name(dtype)}'s largest value "
+            f"({limit:.6g}); cast to {dtype_name(dtype)} they would become inf. Export with --dtype bfloat16 "
+            f"(float32's range) or --dtype float32 instead")
+
+
 def cast_floating(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """``state`` with its floating tensors in ``dtype``; integer and bool tensors keep theirs (an id map
-    cast to bf16 would round ids above 256)."""
+    cast to bf16 would round ids above 256). A finite value beyond ``dtype``'s range is refused
+    (:func:`check_representable`), never turned into inf."""
+    check_representable(state, dtype)
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
 

@@ -382,3 +382,42 @@ def test_the_old_sglang_package_hands_sglang_the_same_class():
     import osprey_train.export.sglang_model as old
 
     assert getattr(old, "EntryClass", None) is getattr(moved, "EntryClass", None)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "sglang", "vllm"])
+def test_float16_export_refuses_a_finite_weight_it_cannot_hold(tmp_path, fmt):
+    # issue 45: --dtype float16 turned a finite weight above 65504 into inf, exit 0
+    from osprey_cli.main import cli
+
+    torch.manual_seed(0)
+    model = Eagle3Drafter(DrafterConfig.from_name("tiny-eagle3", target=TARGET,
+                                                  tap_layers=TapLayers(layer_ids=(2, 3, 4))))
+    model.set_draft_vocab(torch.arange(5, 384, 2)[:128])
+    with torch.no_grad():
+        model.fc.weight[0, 0] = 70000.0
+        model.fc.weight[0, 1] = 65510.0    # rounds to 65504: representable, not named
+    save_drafter(model, tmp_path / "big")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["export", "--drafter", str(tmp_path / "big"), "--format", fmt, "--dtype", "float16",
+                              "--out", str(tmp_path / "f16")])
+    assert res.exit_code == 2, res.output
+    assert "'fc.weight' (largest |value| 70000)" in res.output and "float16's largest value (65504)" in res.output
+    assert "--dtype bfloat16" in res.output and not (tmp_path / "f16").exists()
+    res = runner.invoke(cli, ["export", "--drafter", str(tmp_path / "big"), "--format", fmt, "--dtype", "bfloat16",
+                              "--out", str(tmp_path / "bf16")])
+    assert res.exit_code == 0, res.output
+    back = load_export(tmp_path / "bf16", fmt)
+    assert torch.isfinite(back.fc.weight).all()
+
+
+def test_cast_floating_refuses_what_float16_cannot_hold():
+    from osprey_data.errors import ModelError
+    from osprey_train.export.common import cast_floating
+
+    state = {"a.weight": torch.tensor([1.0, -1e5]), "ids": torch.tensor([70000]), "b": torch.tensor([65519.0])}
+    with pytest.raises(ModelError, match=r"'a.weight' \(largest \|value\| 100000\)"):
+        cast_floating(state, torch.float16)
+    del state["a.weight"]
+    out = cast_floating(state, torch.float16)
+    assert out["ids"].dtype == torch.long and float(out["b"]) == 65504.0
+    assert cast_floating({"x": torch.tensor([float("inf")])}, torch.float16)["x"].isinf().all()
