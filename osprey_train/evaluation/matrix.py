@@ -31,7 +31,7 @@ from osprey_train.evaluation.early_checks import check_drafter_on_store
 from osprey_train.evaluation.options import DraftingOptions
 from osprey_train.models import load_drafter
 
-__all__ = ["MatrixConfig", "MatrixResult", "parse_labeled", "run", "to_markdown", "plot_heatmap",
+__all__ = ["MatrixConfig", "MatrixResult", "parse_labeled", "run", "to_markdown", "plot_heatmap", "heatmap_figure",
            "summarize"]
 
 
@@ -122,13 +122,32 @@ def plot_heatmap(res: MatrixResult, path: Path, *, title: str | None = None, cma
 
     ``center``: a diverging colour scale symmetric around this value (e.g. 1.0 for ratios).
     """
+    import matplotlib.pyplot as plt
+
+    fig = heatmap_figure(res, title=title, cmap=cmap, center=center, xlabel=xlabel, ylabel=ylabel)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def heatmap_figure(res: MatrixResult, *, title: str | None = None, cmap: str = "viridis",
+                   center: float | None = None, xlabel: str = "eval store", ylabel: str = "drafter") -> Any:
+    """The matplotlib figure of :func:`plot_heatmap`. The title is wrapped to the figure's width
+    (a one-column matrix is narrower than its title), with room made above the plot for each line."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     vals = np.asarray([[np.nan if v is None else v for v in row] for row in res.values], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.4 + 1.1 * len(res.stores), 1.0 + 0.6 * len(res.drafters)))
+    width = max(3.2, 1.4 + 1.1 * len(res.stores))
+    text = title or f"acceptance length (S={res.steps})"
+    # about 11 characters per inch at the title's 12 pt; the colour bar's part of the width stays free
+    title_lines = textwrap.wrap(text, width=max(12, int(width * 9))) or [text]
+    fig, ax = plt.subplots(figsize=(width, 1.0 + 0.6 * len(res.drafters) + 0.25 * len(title_lines)))
     limits = {}
     if center is not None and np.isfinite(vals).any():
         half = float(np.nanmax(np.abs(vals - center))) or 1e-3
@@ -145,13 +164,10 @@ def plot_heatmap(res: MatrixResult, path: Path, *, title: str | None = None, cma
                     fontweight="bold" if bold else "normal")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title or f"acceptance length (S={res.steps})")
+    ax.set_title("\n".join(title_lines))
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 PARTIAL = "matrix.partial.json"

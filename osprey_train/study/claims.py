@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_claims", "claim_applies", "fmt", "PAPER", "CLAIM_ROLES"]
+__all__ = ["check_claims", "claim_applies", "fmt", "noise_text", "PAPER", "CLAIM_ROLES"]
 
 # The [report.roles] a claim needs beyond osprey and eagle3: without them it cannot be measured.
 CLAIM_ROLES = {"stage2_plain": ("osprey_no_stage2",), "stage2_kd": ("osprey_kd", "osprey_no_stage2"),
@@ -74,6 +74,18 @@ def fmt(x: float | None, digits: int = 3, sign: bool = False) -> str:
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
+def noise_text(results: dict, noise: float | None, *arms: str | None) -> str:
+    """The noise cell of a claim: the figure, or why there is none (``unknown (1 seed)`` when every
+    arm it compares ran one seed, ``n/a`` when an arm is missing)."""
+    if noise is not None:
+        return fmt(noise)
+    present = [results["matrices"][a] for a in arms if a is not None and a in results["matrices"]]
+    if present and len(present) == len([a for a in arms if a is not None]) \
+            and all(len(m["seeds"]) < 2 for m in present):
+        return "unknown (1 seed)"
+    return "n/a"
+
+
 def _pair_noise(results: dict, a: str | None, b: str | None) -> float | None:
     sa, sb = _spread(results, a), _spread(results, b)
     if sa is None and sb is None:
@@ -114,7 +126,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
                                      "by more than twice the seed noise",
         "paper": f"{PAPER['osprey_mean']} vs {PAPER['eagle3_mean']} (x{PAPER['ratio']:.3f})",
         "ours": f"{fmt(mo)} vs {fmt(me)} (x{fmt(ratio)}, difference {fmt(delta, sign=True)})",
-        "noise": fmt(noise), "verdict": "not measured" if delta is None else
+        "noise": noise_text(results, noise, o, e), "verdict": "not measured" if delta is None else
         ("held" if ok else ("not held" if ratio is None or ratio < 1.16 or delta <= 0 else "within noise")),
         "values": {"osprey": mo, "eagle3": me, "ratio": ratio, "difference": delta, "noise": noise}})
     out.append({
@@ -141,7 +153,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         "id": "stage2_plain", "claim": "Stage 2 (plain next-token pretraining) helps",
         "paper": f"+{PAPER['stage2_delta']} (+{100 * PAPER['stage2_rel']:.1f} %, Table 5)",
         "ours": "n/a" if d_plain is None else f"{fmt(d_plain, sign=True)} ({100 * d_plain / base:+.1f} %, seed {seed})",
-        "noise": fmt(n_plain), "verdict": _verdict(d_plain, n_plain, d_plain is not None and d_plain > 0),
+        "noise": noise_text(results, n_plain, o, roles.get("osprey_no_stage2")), "verdict": _verdict(d_plain, n_plain, d_plain is not None and d_plain > 0),
         "values": {"difference": d_plain, "noise": n_plain}})
     kd, nos2 = roles.get("osprey_kd"), roles.get("osprey_no_stage2")
     d_kd = n_kd = None
@@ -154,7 +166,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({
         "id": "stage2_kd", "claim": "Stage 2 by distillation from the unpruned source helps (beyond the paper)",
         "paper": "not in the paper (Minitron / Sheared-LLaMA: distillation recovers pruned models faster)",
-        "ours": "n/a" if d_kd is None else f"{fmt(d_kd, sign=True)} vs no Stage 2", "noise": fmt(n_kd),
+        "ours": "n/a" if d_kd is None else f"{fmt(d_kd, sign=True)} vs no Stage 2", "noise": noise_text(results, n_kd, o),
         "verdict": _verdict(d_kd, n_kd, d_kd is not None and d_kd > 0), "values": {"difference": d_kd, "noise": n_kd}})
     d_kp = n_kp = None
     if kd in results["matrices"] and o in results["matrices"]:
@@ -166,7 +178,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         "id": "kd_vs_plain", "claim": "Distillation-based Stage 2 buys more acceptance than plain pretraining "
                                       "on the same corpus and steps (beyond the paper)",
         "paper": "not in the paper", "ours": "n/a" if d_kp is None else f"{fmt(d_kp, sign=True)}",
-        "noise": fmt(n_kp), "verdict": _verdict(d_kp, n_kp, d_kp is not None and d_kp > 0),
+        "noise": noise_text(results, n_kp, o), "verdict": _verdict(d_kp, n_kp, d_kp is not None and d_kp > 0),
         "values": {"difference": d_kp, "noise": n_kp}})
 
     ol, el = roles.get("osprey_low_lr"), roles.get("eagle3_low_lr")
@@ -177,7 +189,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         "id": "low_lr", "claim": "A 10x lower learning rate hurts EAGLE-3 much more than Osprey",
         "paper": f"Osprey -{PAPER['low_lr_osprey']}, EAGLE-3 -{PAPER['low_lr_eagle3']} (Table 4)",
         "ours": "n/a" if do is None or de is None else f"Osprey {fmt(-do, sign=True)}, EAGLE-3 {fmt(-de, sign=True)}",
-        "noise": fmt(max([x for x in (n_o, n_e) if x is not None], default=None)),
+        "noise": noise_text(results, max([x for x in (n_o, n_e) if x is not None], default=None), o, e, ol, el),
         "verdict": "not measured" if do is None or de is None else _verdict(de - do, max(
             [x for x in (n_o, n_e) if x is not None], default=None), ok),
         "values": {"osprey_loss": do, "eagle3_loss": de}})
@@ -189,7 +201,7 @@ def check_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         "id": "two_layer", "claim": "Osprey beats the parameter-matched 2-layer EAGLE-3 (the gain is not just depth)",
         "paper": f"Osprey +{PAPER['two_layer_gap']} over EAGLE-3 2L; 2L +{PAPER['two_layer_over_one']} over 1L (Table 6)",
         "ours": "n/a" if d2 is None else f"Osprey {fmt(d2, sign=True)} over 2L; 2L {fmt(-d21 if d21 is not None else None, sign=True)} over 1L",
-        "noise": fmt(n2), "verdict": _verdict(d2, n2, d2 is not None and d2 > 0),
+        "noise": noise_text(results, n2, o, e2), "verdict": _verdict(d2, n2, d2 is not None and d2 > 0),
         "values": {"osprey_over_2l": d2, "two_layer_over_one": None if d21 is None else -d21}})
 
     diag = [c for c in results["cells"] if c["train_domain"] == c["eval_domain"]]

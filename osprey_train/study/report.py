@@ -17,11 +17,13 @@ Everything is a function of the study folder: rerunning the report gives the sam
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_json, write_text
+from osprey_data.errors import ConfigError
 from osprey_data.text import printable
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.matrix import MatrixResult, plot_heatmap
@@ -31,6 +33,7 @@ from osprey_train.study.cross_target import cross_target_claims, per_target_rows
 from osprey_train.study.plateau import FLAT_SHARE, LATE_FROM, plateau_rows
 from osprey_train.study.results import collect
 from osprey_train.study.plan import Plan, build_plan
+from osprey_train.study.presets import preset_path
 from osprey_train.study.runner import format_duration, read_record
 
 __all__ = ["ReportConfig", "ReportResult", "run", "render_readme", "render_matrix_md"]
@@ -106,22 +109,29 @@ def render_matrix_md(results: dict) -> str:
         s = m["summary"]
         per = [p["summary"]["mean"] for p in m["per_seed"].values()]
         spread = max(per) - min(per) if len(per) > 1 and None not in per else None
-        rows.append([name, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]),
-                     ", ".join(str(x) for x in m["seeds"]), _f(spread), "" if s["complete"] else "partial"])
-    lines += _table(["arm", "mean", "in-domain", "out-of-domain", "seeds", "seed spread", ""], rows)
+        rows.append([name, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]), _seeds(m["seeds"]),
+                     _f(spread), "yes" if s["complete"] else "partial"])
+    lines += _table(["arm", "mean", "in-domain", "out-of-domain", "seeds", "seed spread", "every cell"], rows)
     ratio = _ratio(results)
     if ratio is not None:
         values, domains, eval_domains = ratio
         lines += ["", f"## Osprey / EAGLE-3 per cell ({results['roles']['osprey']} / {results['roles']['eagle3']}, "
                       "seed means)", "", *_matrix_table(values, domains, eval_domains), "", "![ratio](ratio.png)"]
     for name, m in results["matrices"].items():
-        lines += ["", f"## {name}", "", f"Mean over seeds {', '.join(str(s) for s in m['seeds'])}:", "",
+        over = (f"Mean over seeds {', '.join(str(s) for s in m['seeds'])}:" if len(m["seeds"]) > 1
+                else f"Seed {m['seeds'][0]} (one seed):")
+        lines += ["", f"## {name}", "", over, "",
                   *_matrix_table(m["values"], m["domains"], m["eval_domains"]), "",
                   f"![{name}](heatmap-{name}.png)"]
         if len(m["per_seed"]) > 1:
             for seed, p in m["per_seed"].items():
                 lines += ["", f"Seed {seed}:", "", *_matrix_table(p["values"], m["domains"], m["eval_domains"])]
     return "\n".join(lines) + "\n"
+
+
+def _seeds(seeds: list[int]) -> str:
+    """The seeds cell: how many, then which (``1 (seed 0)``, ``2 (seeds 0, 1)``)."""
+    return f"{len(seeds)} (seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)})"
 
 
 def _heatmaps(results: dict, folder: Path) -> list[Path]:
@@ -153,7 +163,10 @@ def _plot_curves(results: dict, path: Path) -> Path | None:
 
     domains = [d["name"] for d in results["domains"] if any(c["domain"] == d["name"] for c in curves)]
     arms = [a["name"] for a in results["arms"]]
-    fig, axes = plt.subplots(2, len(domains), figsize=(4.2 * len(domains), 6.4), squeeze=False)
+    held_out = _has_held_out(results)   # eval_every = 0: no held-out points, no empty panel
+    rows = 2 if held_out else 1
+    fig, axes = plt.subplots(rows, len(domains), figsize=(4.2 * len(domains), 3.2 * rows + 0.2 * (not held_out)),
+                             squeeze=False)
     colors = {a: f"C{i % 10}" for i, a in enumerate(arms)}
     for j, d in enumerate(domains):
         for c in curves:
@@ -164,18 +177,26 @@ def _plot_curves(results: dict, path: Path) -> Path | None:
             axes[0, j].plot([r["step"] for r in c["train"]], [r["loss"] for r in c["train"]], style,
                             color=colors[c["arm"]], label=label, lw=1.2)
             ev = [r for r in c["eval"] if "accept_len" in r]
+            if not held_out:
+                continue
             axes[1, j].plot([r["step"] for r in ev], [r["accept_len"] for r in ev], style + "o",
                             color=colors[c["arm"]], label=label, lw=1.2, ms=3)
         axes[0, j].set_title(f"adapted to {d}")
         axes[0, j].set_ylabel("training loss (sum of TTT steps)")
-        axes[1, j].set_ylabel(f"held-out {d} acceptance length")
-        axes[1, j].set_xlabel("step")
-    axes[1, -1].legend(fontsize=7, loc="lower right", ncol=2)
+        axes[-1, j].set_xlabel("step")
+        if held_out:
+            axes[1, j].set_ylabel(f"held-out {d} acceptance length")
+    axes[-1, -1].legend(fontsize=7, loc="lower right" if held_out else "upper right", ncol=2)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
+
+
+def _has_held_out(results: dict) -> bool:
+    """Whether any distillation run measured held-out acceptance while it trained."""
+    return any("accept_len" in r for c in results["curves"] for r in c["eval"])
 
 
 def _plot_stage2(results: dict, path: Path) -> Path | None:
@@ -207,6 +228,16 @@ def _plot_stage2(results: dict, path: Path) -> Path | None:
     return path
 
 
+def _version(doc: dict) -> str:
+    """The code a report or stage ran: ``commit `abc123def456` `` (``+changes`` for a dirty tree) in a
+    git checkout, else the installed package's version (a wheel has no commit)."""
+    if doc.get("commit"):
+        return f"commit `{doc['commit'][:12]}{'+changes' if doc.get('dirty') else ''}`"
+    if doc.get("package"):
+        return f"osprey {doc['package']} (installed package)"
+    return "an unknown version"
+
+
 def _per_position(results: dict) -> list[str]:
     rows = []
     steps = results["settings"]["eval"]["draft_steps"]
@@ -227,7 +258,6 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
     """README.md of the report."""
     p = results["progress"]
     name = results["study"]["name"]
-    commit = results["code_version"].get("commit", "unknown")
     lines = [f"# Does the recipe hold? Study `{name}`", "",
              "Generated by `osprey study report` from the study folder; every figure below is in "
              "`results.json`. Regenerate with the commands under *Reproduce*.", ""]
@@ -238,9 +268,9 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
                   + "; ".join(p["missing"][:12]) + (" ..." if len(p["missing"]) > 12 else "") + ".", ""]
     else:
         lines += [f"All {p['stages']} stages finished.", ""]
-    versions = sorted({v.get("commit", "?")[:12] + ("+changes" if v.get("dirty") else "")
-                       for v in results["stage_code_versions"]})
-    lines += [f"Code: report at commit `{commit[:12]}`; stages ran at {', '.join(f'`{v}`' for v in versions)}.", ""]
+    versions = sorted({_version(v) for v in results["stage_code_versions"]})
+    lines += [f"Code: report by {_version(results['code_version'])}; stages ran with "
+              f"{', '.join(versions) or 'none yet'}.", ""]
 
     lines += ["## Headline", ""]
     rows = []
@@ -270,22 +300,33 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
                     "---|---|---|---:|---")
     if left_out := [c["claim"] for c in claims if c not in shown]:
         lines += ["", "Left out, as this study has no arm for them: " + "; ".join(left_out) + "."]
-    lines += ["", "Noise: the seed spread of a matrix mean (two seeds); for a difference of two-seed means "
-                  "sqrt((s1/2)^2 + (s2/2)^2), for a single-seed arm against a seed of another the larger spread. "
-                  "Two seeds give a rough figure, not a confidence interval.", ""]
+    if any(len(m["seeds"]) > 1 for m in results["matrices"].values()):
+        lines += ["", "Noise: the seed spread of a matrix mean (two seeds); for a difference of two-seed means "
+                      "sqrt((s1/2)^2 + (s2/2)^2), for a single-seed arm against a seed of another the larger spread. "
+                      "Two seeds give a rough figure, not a confidence interval.", ""]
+    else:
+        lines += ["", "Noise unknown: every arm ran one seed, so nothing here tells a difference from seed noise; "
+                      "give the arms `seeds = [0, 1]` for a noise figure.", ""]
 
-    lines += ["## Matrices", "", "![osprey](heatmap-" + (results["roles"].get("osprey") or "") + ".png) "
-              "![eagle3](heatmap-" + (results["roles"].get("eagle3") or "") + ".png)", "",
-              "Per arm and seed, with the Osprey / EAGLE-3 ratio per cell: [matrix.md](matrix.md).", ""]
+    heatmaps = [f"![{name}](heatmap-{name}.png)" for name in results["matrices"]]
+    if _ratio(results) is not None:
+        heatmaps.append("![Osprey / EAGLE-3](ratio.png)")
+    if heatmaps:
+        lines += ["## Matrices", "", " ".join(heatmaps), "",
+                  "Per arm and seed, with the Osprey / EAGLE-3 ratio per cell: [matrix.md](matrix.md).", ""]
     pos = _per_position(results)
     if pos:
         lines += ["## Acceptance per draft position", "",
                   "P(draft s accepted | drafts before it accepted), mean over cells:", "", *pos, ""]
     if results["curves"]:
-        lines += ["## Learning curves", "", "![curves](curves.png)", "",
-                  "Top: training loss (sum over TTT steps of decay^k CE_k); bottom: acceptance length on a subset "
-                  f"of the in-domain held-out store ({results['settings']['distill']['eval_samples']} samples) during "
-                  "training; solid: first seed, dotted: second.", ""]
+        if _has_held_out(results):
+            what = ("Top: training loss (sum over TTT steps of decay^k CE_k); bottom: acceptance length on a subset "
+                    f"of the in-domain held-out store ({results['settings']['distill']['eval_samples']} samples) "
+                    "during training; solid: first seed, dotted: second.")
+        else:
+            what = ("Training loss (sum over TTT steps of decay^k CE_k); solid: first seed, dotted: second. No "
+                    "held-out curve: the study's `[distill] eval_every = 0` measures acceptance only after training.")
+        lines += ["## Learning curves", "", "![curves](curves.png)", "", what, ""]
         if plateau := plateau_rows(results):
             lines += ["Did the runs train long enough? Held-out AL (mean over the arm's runs) at the first "
                       f"evaluation, at the one nearest {LATE_FROM:.0%} of the steps, and at the last:", ""]
@@ -328,10 +369,11 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
     lines += _table(["stage kind", "stages", "wall", "CPU"],
                     [[k, str(v["stages"]), format_duration(v["wall_s"]), format_duration(v["cpu_s"])]
                      for k, v in sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["wall_s"])])
+    study_arg = shlex.quote(study_file) if study_file else "STUDY.toml"
     lines += ["", "## Reproduce", "", "```bash",
-              f"osprey study run {study_file or 'STUDY.toml'} --out STUDY_FOLDER   # resumable: rerun after any interruption",
-              f"osprey study status {study_file or 'STUDY.toml'} --out STUDY_FOLDER",
-              f"osprey study report {study_file or 'STUDY.toml'} --out STUDY_FOLDER", "```", ""]
+              f"osprey study run {study_arg} --out STUDY_FOLDER   # resumable: rerun after any interruption",
+              f"osprey study status {study_arg} --out STUDY_FOLDER",
+              f"osprey study report {study_arg} --out STUDY_FOLDER", "```", ""]
     if notes:
         lines += [notes.rstrip(), ""]
     return "\n".join(lines)
@@ -451,6 +493,25 @@ def render_targets_readme(study: StudyConfig, per_target: dict[str, ReportResult
     return "\n".join(lines) + "\n"
 
 
+def study_argument(study: StudyConfig) -> str | None:
+    """The STUDY argument that runs this study again: a shipped preset's name (it works from a clone
+    and from a wheel alike), else the study file's path (relative to the current directory when
+    it lies below it)."""
+    if study.path is None:
+        return None
+    path = Path(study.path).absolute()
+    if path.suffix == ".toml":
+        try:
+            if preset_path(path.stem).resolve() == path.resolve():
+                return path.stem
+        except ConfigError:
+            pass
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | None,
                   with_notes: bool = True) -> ReportResult:
     folder.mkdir(parents=True, exist_ok=True)
@@ -466,9 +527,5 @@ def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | N
         if path is not None:
             files.append(path)
     notes = study.report.notes.read_text(encoding="utf-8") if study.report.notes and with_notes else None
-    study_file = None   # as a user in the repository types it, whatever the current directory
-    if study.path is not None:
-        study_file = f"{study.path.parent.name}/{study.path.name}" if study.path.parent.name == "studies" \
-            else study.path.name
-    files.append(write_text(folder / "README.md", render_readme(results, claims, notes, study_file)))
+    files.append(write_text(folder / "README.md", render_readme(results, claims, notes, study_argument(study))))
     return ReportResult(dir=folder, files=files, results=results)

@@ -21,7 +21,11 @@ from osprey_train.study.plan import Plan, build_plan
 from osprey_train.study.runner import code_version, read_record, stage_dir
 from osprey_train.trainer.config import config_json
 
-__all__ = ["collect", "arm_matrix", "mean"]
+__all__ = ["collect", "arm_matrix", "mean", "report_roles"]
+
+# The roles the headline claims compare; each is also the name of an architecture. A study without
+# [report.roles] (the quick preset) still gets its claims when it has exactly one arm of each.
+_HEADLINE_ROLES = ("osprey", "eagle3")
 
 
 def mean(values: list[float]) -> float | None:
@@ -51,6 +55,23 @@ def arm_matrix(cells: list[dict], arm: str, domains: list[str], eval_domains: li
             row.append(mean(vals))
         rows.append(row)
     return rows
+
+
+def report_roles(cfg: StudyConfig) -> dict[str, str]:
+    """Role -> arm of the report's claims: ``[report.roles]``, and for each headline role it leaves
+    out (``osprey``, ``eagle3``) the study's only arm of the architecture of that name, when it has
+    exactly one and that arm plays no other role."""
+    roles = dict(cfg.report.roles)
+    by_arch: dict[str, list[str]] = {}
+    for a in cfg.arms:
+        by_arch.setdefault(a.arch, []).append(a.name)
+    for role in _HEADLINE_ROLES:
+        if role in roles:
+            continue
+        arms = by_arch.get(role, [])
+        if len(arms) == 1 and arms[0] not in roles.values():
+            roles[role] = arms[0]
+    return roles
 
 
 def _summary(values: list[list[float | None]], domains: list[str], eval_domains: list[str]) -> dict[str, Any]:
@@ -179,7 +200,7 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
                      "train_samples": d.train_samples, "eval_samples": d.eval_samples} for d in cfg.domains],
         "arms": [{**config_json(a), "lr": cfg.arm_distill(a).lr, "steps": cfg.arm_distill(a).steps}
                  for a in cfg.arms],
-        "roles": dict(cfg.report.roles),
+        "roles": report_roles(cfg),
         "cells": cells, "converted_cells": converted, "matrices": matrices, "curves": curves, "stage2": stage2,
         "stores": stores, "live": live, "compute": compute,
     }
