@@ -36,6 +36,8 @@ from osprey_data.target_model import (
 )
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.evaluation.acceptance import require_tree_drafting
+from osprey_train.evaluation.cost_model import parse_cost
+from osprey_train.evaluation.draft_length import DraftLengthPolicy, measure_costs
 from osprey_train.evaluation.early_checks import check_drafter_on_target, check_live_prompts
 from osprey_train.evaluation.live_prompts import LivePrompt, load_prompts
 from osprey_train.evaluation.live_report import LiveReport, first_divergence, summarize
@@ -82,7 +84,7 @@ def _run(config: LiveConfig) -> LiveReport:
     greedy = config.temperature <= 0
     spec_gen = torch.Generator().manual_seed(config.seed)
     plain_gen = torch.Generator().manual_seed(config.seed + 1)
-    steps = config.steps if config.tree is None else config.tree.steps
+    steps = config.most_steps if config.tree is None else config.tree.steps
     if config.tree is None:   # the architecture's live session (the chain one for EAGLE-3 and Osprey)
         session = drafter_spec(drafter.config.arch).load("live_session")(drafter, target_vocab_size=vocab,
                                                                           tap_codec=config.tap_codec)
@@ -90,7 +92,8 @@ def _run(config: LiveConfig) -> LiveReport:
         require_tree_drafting(drafter, "live --tree")
         check_tree_target(target)
         session = TreeDrafterSession(drafter, kv=config.draft_kv, target_vocab_size=vocab, tap_codec=config.tap_codec)
-    exactness = make_exact(target, config.steps + 1 if config.tree is None else config.tree.num_draft_tokens + 1,
+    # row-exact for every block a round can verify: the longest chain (--max-steps with auto) + 1
+    exactness = make_exact(target, steps + 1 if config.tree is None else config.tree.num_draft_tokens + 1,
                            tree=config.tree is not None, context=precision.context())
 
     # one autocast region for both models: a bf16-autocast drafter under a float32 target (or the
@@ -99,13 +102,24 @@ def _run(config: LiveConfig) -> LiveReport:
         raise ConfigError("live: bf16-autocast must be the precision of both the target and the drafter, or of "
                           "neither")
 
-    def spec(p: LivePrompt, n: int):
+    policy = None
+    if config.auto_steps:
+        with precision.context():
+            # after make_exact: the verify kernels timed are the ones the rounds will run
+            cost = parse_cost(config.cost) if config.cost is not None else measure_costs(
+                target, session, prompts[0].prompt_ids, steps, device=f"{device}, target {precision.name}",
+                what=f"measured at the start of this run ({device}, {torch.get_num_threads()} threads)")
+        policy = DraftLengthPolicy(cost=cost, max_steps=steps)
+
+    def spec(p: LivePrompt, n: int, *, warm_up: bool = False):
         with precision.context():
             if config.tree is not None:
                 return tree_speculative_generate(target, session, p.prompt_ids, shape=config.tree,
                                                  max_new_tokens=n, eos_ids=eos)
-            return speculative_generate(target, session, p.prompt_ids, num_steps=config.steps, max_new_tokens=n,
-                                        temperature=config.temperature, eos_ids=eos, generator=spec_gen)
+            # the warm-up drafts the longest chain and leaves the policy's estimates alone
+            return speculative_generate(target, session, p.prompt_ids, num_steps=steps, max_new_tokens=n,
+                                        temperature=config.temperature, eos_ids=eos, generator=spec_gen,
+                                        policy=None if warm_up else policy)
 
     def plain(p: LivePrompt, n: int):
         with precision.context():
@@ -114,7 +128,7 @@ def _run(config: LiveConfig) -> LiveReport:
 
     # warm-up (first-call allocations and kernel selection would otherwise bias the first timing);
     # S + 2 tokens: the prefill's token, then one round of S drafts + the target's token
-    spec(prompts[0], steps + 2)
+    spec(prompts[0], steps + 2, warm_up=True)
     if config.baseline:
         plain(prompts[0], steps + 2)
     samples: list[dict[str, Any]] = []
@@ -142,6 +156,8 @@ def _run(config: LiveConfig) -> LiveReport:
     report.target, report.drafter = config.target, config.drafter
     report.precision = {"target": precision.name, "drafter": draft_precision.name}
     report.exactness = exactness
+    if policy is not None:
+        report.draft_length = policy.to_dict()
     if config.tree is not None:
         report.tree = {**config.tree.to_dict(), "kv": config.draft_kv}
     if config.out:

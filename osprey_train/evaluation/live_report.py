@@ -14,7 +14,31 @@ from typing import Any
 from osprey_data.text import printable
 from osprey_train.evaluation.acceptance import per_position_rates
 
-__all__ = ["LiveReport", "first_divergence", "lossless_line", "summarize"]
+__all__ = ["LiveReport", "draft_length_line", "first_divergence", "lossless_line", "speedup_text", "summarize"]
+
+
+def speedup_text(speedup: float | None, *, what: str = "plain decoding") -> str:
+    """``speedup x1.31``; below 1 it says, next to the figure, that speculation was slower (issue 48:
+    ``speedup x0.56`` alone reads as a gain)."""
+    if speedup is None:
+        return "speedup n/a"
+    if speedup < 1:
+        return f"speedup x{speedup:.2f} (slower than {what})"
+    return f"speedup x{speedup:.2f}"
+
+
+def draft_length_line(draft_length: dict[str, Any] | None, speedup: float | None) -> str | None:
+    """``--steps auto``: which S the rounds used, how often, and the speedup they gave; None for a fixed S."""
+    if not draft_length:
+        return None
+    rounds = draft_length["rounds_by_steps"]
+    total = sum(rounds.values()) or 1
+    used = ", ".join(f"S={s} in {n} ({100 * n / total:.0f}%)" for s, n in sorted(rounds.items(), key=lambda x: int(x[0])))
+    cost = draft_length.get("cost", {})
+    source = cost.get("source") or cost.get("device") or "?"
+    return (f"Draft length: auto (S = 0..{draft_length['max_steps']}, 0 = a plain step; costs {source}): "
+            f"{used or 'no rounds'} of {sum(rounds.values())} rounds ({draft_length.get('probes', 0)} probes); "
+            f"{speedup_text(speedup)}")
 
 
 def first_divergence(spec_ids: list[int], plain_ids: list[int]) -> int | None:
@@ -73,6 +97,9 @@ class LiveReport:
     ``summary`` and the linears' plans."""
     tree: dict | None = None
     """Tree drafting: ``{steps, topk, num_draft_tokens, kv}``; None = chain drafting of ``steps``."""
+    draft_length: dict[str, Any] | None = None
+    """``--steps auto``: the rounds per draft length S, the costs and the final acceptance estimates
+    (:meth:`DraftLengthPolicy.to_dict`; ``steps`` is then the most S); None = a fixed S every round."""
 
     @property
     def spec_tokens_per_s(self) -> float:
@@ -106,7 +133,7 @@ class LiveReport:
         return doc
 
     def to_markdown(self) -> str:
-        how = f"S={self.steps}" if self.tree is None else (
+        how = (f"S=auto (0..{self.steps})" if self.draft_length else f"S={self.steps}") if self.tree is None else (
             f"tree steps={self.tree['steps']} topk={self.tree['topk']} "
             f"num_draft_tokens={self.tree['num_draft_tokens']}")
         lines = [
@@ -127,9 +154,12 @@ class LiveReport:
         lines.append("Per-position acceptance: " + ", ".join(f"{k + 1}: {r:.3f}" for k, r in enumerate(self.per_position)))
         speed = f"speculative {self.spec_tokens_per_s:.1f} tok/s"
         if self.plain_tokens_per_s is not None:
-            speed += (f", target alone {self.plain_tokens_per_s:.1f} tok/s, speedup x{self.speedup:.2f}, "
+            speed += (f", target alone {self.plain_tokens_per_s:.1f} tok/s, {speedup_text(self.speedup)}, "
                       + lossless_line(self.greedy_identical, self.num_prompts, self.divergences))
         lines.append(speed)
+        auto = draft_length_line(self.draft_length, self.speedup)
+        if auto is not None:
+            lines.append(auto)
         if self.greedy_identical is not None:
             lines.append(f"Greedy outputs identical to plain decoding: {self.greedy_identical}/{self.num_prompts}"
                          + ("" if self.lossless else " (NOT LOSSLESS)"))

@@ -15,6 +15,8 @@ from osprey_data.conversation.template_options import check_template_kwargs, par
 from osprey_data.cpu_threads import check_threads
 from osprey_data.errors import ConfigError
 from osprey_data.target_model import check_device
+from osprey_train.evaluation.cost_model import parse_cost
+from osprey_train.evaluation.draft_length import AUTO, parse_steps, steps_option
 from osprey_train.evaluation.tree_shape import TreeShape
 
 __all__ = ["DraftingOptions", "AcceptanceConfig", "LiveConfig", "KV_MODES", "ATTENTION_IMPLS", "TAP_CODECS"]
@@ -92,8 +94,15 @@ class LiveConfig:
     """Prompt files (JSONL/JSON/Parquet/datasets folder, builder input formats)."""
     gguf_file: str | None = None
     """GGUF file name inside ``target`` when the target is a folder holding a GGUF."""
-    steps: int = 5
-    """Draft steps S per verify step (chain drafting)."""
+    steps: int | str = field(default="auto", metadata={"parse": steps_option})
+    """Draft steps S per verify step (chain drafting): a number, or 'auto' to choose S in 0..--max-steps
+    every round from the step costs and the running acceptance per position (0 = a plain step), so
+    that drafting happens only where it is expected to pay."""
+    max_steps: int = 5
+    """With --steps auto: the most drafts a round may have (the drafter's maximum)."""
+    cost: str | None = None
+    """With --steps auto: the step costs, a cost-model file (benchmarks/live_bench.py --cost-out), a preset
+    or key=value pairs (as eval sweep --cost); default: measured on this target and drafter at the start."""
     tree: TreeShape | None = field(default=None, metadata={"cli": False})
     """Tree drafting with this SGLang shape instead of a chain (greedy only; ``steps`` is not used)."""
     draft_kv: str = field(default="sglang", metadata={"choices": KV_MODES})
@@ -134,14 +143,32 @@ class LiveConfig:
     progress: bool = field(default=True, metadata={"cli": False})
     """Show a tqdm progress bar."""
 
+    @property
+    def auto_steps(self) -> bool:
+        """Chain drafting with the draft length chosen every round (``--steps auto``)."""
+        return self.tree is None and self.steps == AUTO
+
+    @property
+    def most_steps(self) -> int:
+        """The most drafts a chain round can have: ``--max-steps`` with ``--steps auto``, else ``--steps``."""
+        return self.max_steps if self.steps == AUTO else int(self.steps)
+
     def __post_init__(self) -> None:
         if isinstance(self.inputs, str):
             self.inputs = (self.inputs,)
         self.inputs = tuple(str(p) for p in self.inputs)
         if not self.inputs:
             raise ConfigError("live: give at least one --input prompt file")
-        if self.steps < 1:
-            raise ConfigError(f"live: --steps must be >= 1, got {self.steps}")
+        try:
+            self.steps = parse_steps(self.steps)
+        except ConfigError as exc:
+            raise ConfigError(f"live: {exc}") from None
+        if self.max_steps < 1:
+            raise ConfigError(f"live: --max-steps must be >= 1, got {self.max_steps}")
+        if self.cost is not None:
+            if self.steps != AUTO:
+                raise ConfigError("live: --cost is for --steps auto (a fixed --steps N drafts N every round)")
+            parse_cost(self.cost)   # a bad file or value fails before any model loads
         if self.temperature < 0:
             raise ConfigError(f"live: --temperature must be >= 0, got {self.temperature}")
         if self.tree is not None and self.temperature > 0:

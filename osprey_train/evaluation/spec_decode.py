@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
+from osprey_train.evaluation.draft_length import DraftLengthPolicy
 from osprey_train.evaluation.target_session import HFTargetSession
 from osprey_train.evaluation.verify import probs_from_logits, sample_from, verify_greedy, verify_sampling
 
@@ -154,19 +155,32 @@ def prefill(target: HFTargetSession, drafter, prompt_ids: Sequence[int], *, eos:
 
 def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_ids: Sequence[int], *,
                          num_steps: int, max_new_tokens: int, temperature: float = 0.0,
-                         eos_ids: Sequence[int] = (), generator: torch.Generator | None = None) -> GenerationResult:
-    """Generate with chain speculative decoding; greedy when ``temperature == 0``."""
+                         eos_ids: Sequence[int] = (), generator: torch.Generator | None = None,
+                         policy: DraftLengthPolicy | None = None) -> GenerationResult:
+    """Generate with chain speculative decoding; greedy when ``temperature == 0``.
+
+    ``num_steps`` drafts per round, or, with ``policy`` (``--steps auto``), as many as it chooses
+    each round (``0 .. policy.max_steps``; ``num_steps`` is then only the cache's headroom). A round
+    of 0 drafts is a plain step: the drafter is not called, and the taps of the positions it
+    commits wait for the drafter's next call (:meth:`DraftSession.propose` takes the taps of every
+    position committed since its last call), so the drafter stays in step with the sequence.
+    """
     eos = frozenset(int(i) for i in eos_ids)
     start = time.perf_counter()
+    most = num_steps if policy is None else max(num_steps, policy.max_steps)
     ids, result, new_taps_TLDt = prefill(target, drafter, prompt_ids, eos=eos, temperature=temperature,
-                                         generator=generator,
-                                         capacity=len(prompt_ids) + max_new_tokens + num_steps + 1)
+                                         generator=generator, capacity=len(prompt_ids) + max_new_tokens + most + 1)
+    pending_taps: list[torch.Tensor] = [new_taps_TLDt]   # committed positions the drafter has not seen yet
     while result.finish_reason != "stop" and len(result.output_ids) < max_new_tokens:
         room = max_new_tokens - len(result.output_ids)
         # drafts past the token budget could never be emitted: don't spend time on them
-        steps = min(num_steps, room)
-        drafts, draft_probs_SV = drafter.propose(ids, new_taps_TLDt, steps, temperature, generator) \
-            if steps > 0 else ([], None)
+        steps = min(num_steps, room) if policy is None else policy.choose(room)
+        if steps > 0:
+            taps_TLDt = pending_taps[0] if len(pending_taps) == 1 else torch.cat(pending_taps)
+            drafts, draft_probs_SV = drafter.propose(ids, taps_TLDt, steps, temperature, generator)
+            pending_taps = []
+        else:
+            drafts, draft_probs_SV = [], None
         logits_SV, verify_taps_TLDt = target.forward([ids[-1], *drafts], want_taps=True)
         if temperature <= 0:
             accepted, next_id = verify_greedy(drafts, logits_SV)
@@ -179,7 +193,9 @@ def speculative_generate(target: HFTargetSession, drafter: DraftSession, prompt_
         ids.extend(new_ids)
         result.add_round(new_ids, drafted=len(drafts), accepted=accepted)
         target.crop(len(ids) - 1)
-        new_taps_TLDt = verify_taps_TLDt[: len(new_ids)]
+        pending_taps.append(verify_taps_TLDt[: len(new_ids)])
+        if policy is not None:
+            policy.observe(len(drafts), accepted)
         if stopped:
             result.finish_reason = "stop"
             break

@@ -51,7 +51,7 @@ def test_live_bad_option_is_one_line_error(random_drafter, prompt_file, tiny_lla
     result = CliRunner().invoke(cli, ["eval", "live", "--drafter", str(random_drafter), "--target",
                                       str(tiny_llama_dir), "--input", str(prompt_file), "--steps", "0"])
     assert result.exit_code == 2
-    assert "error: live: --steps must be >= 1" in result.output
+    assert "error: live: --steps must be 'auto' or a positive integer, got 0" in result.output
 
 
 def test_live_missing_target_is_one_line_error(random_drafter, prompt_file, tmp_path):

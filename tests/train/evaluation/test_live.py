@@ -153,3 +153,73 @@ def test_run_restores_the_thread_count(live_setup):
     before = torch.get_num_threads()
     run(_config(live_setup, limit=1, max_new_tokens=2, baseline=False, threads=before + 1))
     assert torch.get_num_threads() == before
+
+
+# --- --steps auto (issue 46) -----------------------------------------------------------------
+
+
+def test_steps_auto_is_the_default_and_measures_its_costs(live_setup):
+    config = LiveConfig(drafter=str(live_setup["drafter"]), target=str(live_setup["target"]),
+                        inputs=(str(live_setup["prompts"]),), max_new_tokens=MAX_NEW, device="cpu", progress=False,
+                        limit=3, max_steps=3)
+    assert config.steps == "auto" and config.auto_steps and config.most_steps == 3
+    report = run(config)
+    assert report.greedy_identical == report.num_prompts   # lossless whatever S each round took
+    auto = report.draft_length
+    assert auto["max_steps"] == 3 and "measured at the start" in auto["cost"]["source"]
+    assert sorted(auto["cost"]["verify"]) == ["1", "2", "3", "4"]
+    rounds = [d for s in report.samples for d in s["drafted"]]
+    assert sum(auto["rounds_by_steps"].values()) == len(rounds) == report.verify_steps
+    assert all(0 <= d <= 3 for d in rounds)
+    md = report.to_markdown()
+    assert "S=auto (0..3)" in md and "Draft length: auto (S = 0..3" in md
+
+
+@pytest.mark.parametrize("cost, plain_rounds", [("draft_step=5,verify_scale=0", True),
+                                                ("draft_step=0.01,verify_scale=0", False)])
+def test_steps_auto_follows_the_costs(live_setup, cost, plain_rounds):
+    """Drafts 5x dearer than a target step never pay: plain steps (S = 0) but for the first round
+    and rare probes; drafts that cost nothing are always worth a try (S > 0). Lossless either way."""
+    report = run(_config(live_setup, steps="auto", max_steps=3, cost=cost, limit=3))
+    assert report.greedy_identical == report.num_prompts
+    rounds = report.draft_length["rounds_by_steps"]
+    total = sum(rounds.values())
+    if plain_rounds:
+        assert rounds.get(0, 0) >= 0.8 * total
+    else:   # only a last round with one token of budget left drafts nothing (a draft could not be emitted)
+        assert all(0 not in s["drafted"][:-1] for s in report.samples) and rounds.get(0, 0) <= report.num_prompts
+    assert "costs --cost " + cost in report.to_markdown()
+
+
+def test_a_fixed_steps_run_is_unchanged(live_setup):
+    report = run(_config(live_setup, limit=2))
+    assert report.draft_length is None and report.steps == STEPS
+    md = report.to_markdown()
+    assert f"S={STEPS}," in md and "Draft length" not in md
+    for s in report.samples:
+        room = [MAX_NEW - 1 - sum(s["accept_lengths"][:i]) for i in range(len(s["drafted"]))]
+        assert s["drafted"] == [min(STEPS, r) for r in room]
+
+
+def test_steps_options_are_checked(live_setup):
+    with pytest.raises(ConfigError, match="--steps must be 'auto' or a positive integer"):
+        _config(live_setup, steps="fast")
+    with pytest.raises(ConfigError, match="--max-steps"):
+        _config(live_setup, steps="auto", max_steps=0)
+    with pytest.raises(ConfigError, match="--cost is for --steps auto"):
+        _config(live_setup, cost="example-gpu")
+    with pytest.raises(ConfigError, match="--cost"):
+        _config(live_setup, steps="auto", cost="/nonexistent/cost.json")
+
+
+def test_a_slowdown_says_so_next_to_the_figure():
+    """Issue 48: ``speedup x0.56`` alone reads as a gain."""
+    from osprey_train.evaluation.live_report import speedup_text
+
+    assert speedup_text(0.56) == "speedup x0.56 (slower than plain decoding)"
+    assert speedup_text(1.31) == "speedup x1.31"
+    samples = [{"id": "a", "domain": "x", "tokens": 4, "verify_steps": 3, "accept_lengths": [1, 1, 1],
+                "accepted": [0, 0, 0], "drafted": [3, 3, 1], "seconds": 2.0, "plain_seconds": 1.0, "plain_tokens": 4,
+                "identical": True}]
+    md = summarize(samples, steps=3, temperature=0.0, baseline=True).to_markdown()
+    assert "speedup x0.50 (slower than plain decoding)" in md
