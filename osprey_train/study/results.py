@@ -21,7 +21,7 @@ from osprey_train.study.plan import Plan, build_plan
 from osprey_train.study.runner import code_version, read_record, stage_dir
 from osprey_train.trainer.config import config_json
 
-__all__ = ["collect", "arm_matrix", "mean", "report_roles"]
+__all__ = ["collect", "arm_matrix", "mean", "report_roles", "headline", "study_headline"]
 
 # The roles the headline claims compare; each is also the name of an architecture. A study without
 # [report.roles] (the quick preset) still gets its claims when it has exactly one arm of each.
@@ -204,3 +204,34 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         "cells": cells, "converted_cells": converted, "matrices": matrices, "curves": curves, "stage2": stage2,
         "stores": stores, "live": live, "compute": compute,
     }
+
+
+def headline(results: dict[str, Any]) -> str:
+    """One line of a results document's headline figure: each arm's mean acceptance length over the
+    matrix (mean of its seeds), and the Osprey / EAGLE-3 ratio when both roles have one."""
+    steps = results["settings"]["eval"]["draft_steps"]
+    arms = []
+    for name, m in results["matrices"].items():
+        s = m["summary"]
+        if s["mean"] is None:
+            continue
+        part = "" if s["complete"] else f", {s['cells']} cells so far"
+        seeds = f"{len(m['seeds'])} seed{'s' if len(m['seeds']) > 1 else ''}"
+        arms.append(f"{name} {s['mean']:.3f} ({seeds}{part})")
+    if not arms:
+        return f"acceptance length (S = {steps}): no cell finished yet"
+    line = f"acceptance length (S = {steps}, mean over the matrix): " + ", ".join(arms)
+    roles = results["roles"]
+    o, e = (results["matrices"].get(roles.get(r) or "", {}).get("summary", {}).get("mean") for r in ("osprey", "eagle3"))
+    if o is not None and e:
+        line += f"; {roles['osprey']} / {roles['eagle3']} x{o / e:.3f}"
+    return line
+
+
+def study_headline(cfg: StudyConfig, out: Path) -> list[str]:
+    """The headline line of a study folder (one per target of a ``[[targets]]`` study)."""
+    if not cfg.targets:
+        return [headline(collect(cfg, out))]
+    plan = build_plan(cfg, lookup=lambda key: read_record(out, key))
+    return [f"{t.name}: " + headline(collect(cfg.for_target(t.name), out, plan=plan.targets[t.name]))
+            for t in cfg.targets]

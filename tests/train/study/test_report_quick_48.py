@@ -46,6 +46,7 @@ def quick_report(tmp_path_factory, tiny_llama_dir):
     cfg = load_study(_quick_on_tiny(tmp / "spec", tiny_llama_dir))
     run(StudyRunConfig(study=cfg, out=tmp / "out", progress=False))
     result = report(ReportConfig(study=cfg, out=tmp / "out", report_dir=tmp / "report"))
+    result.out = tmp / "out"
     return cfg, result
 
 
@@ -127,3 +128,17 @@ def test_a_wheel_install_reports_the_package_version_not_unknown(quick_report):
     readme = render_readme(results, results["claims"], None, "smollm2-quick")
     code = next(line for line in readme.splitlines() if line.startswith("Code:"))
     assert "unknown" not in code and "osprey 9.8.7" in code, code
+
+
+def test_study_run_ends_with_the_headline_acceptance_length_per_arm(quick_report):
+    from click.testing import CliRunner
+
+    from osprey_cli.main import cli
+
+    cfg, result = quick_report
+    res = CliRunner().invoke(cli, ["study", "run", str(cfg.path), "--out", str(result.out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    m = result.results["matrices"]
+    mo, me = m["osprey"]["summary"]["mean"], m["eagle3"]["summary"]["mean"]
+    assert (f"acceptance length (S = 3, mean over the matrix): osprey {mo:.3f} (1 seed), eagle3 {me:.3f} (1 seed); "
+            f"osprey / eagle3 x{mo / me:.3f}") in res.output, res.output
