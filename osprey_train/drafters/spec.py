@@ -97,6 +97,9 @@ class DrafterSpec:
     """Relative distillation cost of one decoder layer, for the study's work estimates."""
     tiny: Mapping[str, Any] = field(default_factory=dict)
     """DrafterConfig overrides of the ``tiny`` preset that give a tiny drafter of this arch (tests)."""
+    arch_option_keys: tuple[str, ...] = ()
+    """The ``arch_options`` keys that ``osprey train convert --arch-option KEY=VALUE`` may set (none: the
+    option is refused for this arch)."""
     check_config: Callable[[Any], None] = no_check
     """Arch rules of a DrafterConfig (raise ConfigError), run by ``DrafterConfig.__post_init__``."""
     check_convert: Callable[[Any], None] = no_check

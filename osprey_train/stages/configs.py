@@ -12,9 +12,11 @@ stage runs, so a study can check a table before the folders it names exist. Stag
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from osprey_data.cpu_threads import check_threads
 from osprey_data.errors import ConfigError
@@ -115,7 +117,11 @@ class ConvertConfig:
     seed: int = 0
     """Seed of the random parts (W_c; eagle3 body)."""
     eagle3_layers: int = 1
-    """eagle3: decoder layers (1 = the EAGLE-3 baseline; 2 = the paper's parameter-matched control)."""
+    """eagle3: decoder layers (1 = the EAGLE-3 baseline; 2 = the paper's parameter-matched control); dflash:
+    its draft layers."""
+    arch_option: tuple[str, ...] = ()
+    """``KEY=VALUE`` (repeatable; VALUE in JSON, e.g. ``block_size=16``): a setting of the architecture kept in
+    its config.json ``arch_options`` (dflash: block_size, mask_token_id, anchor_fraction)."""
     overwrite: bool = False
     """Replace ``out`` if it exists."""
     threads: int | None = field(default=None, metadata={"operational": True})
@@ -127,6 +133,8 @@ class ConvertConfig:
         if self.arch not in arch_names():
             raise ConfigError(f"convert: --arch must be one of {list(arch_names())}, got {self.arch!r}")
         drafter_spec(self.arch).check_convert(self)   # which of --backbone / --target / --store it needs
+        self.arch_option = tuple(self.arch_option)
+        self.arch_options   # noqa: B018 -- parsed now: a malformed or unknown --arch-option fails before any work
         if self.backbone is not None:
             self.backbone = Path(self.backbone)
         if self.taps is not None:
@@ -141,6 +149,25 @@ class ConvertConfig:
                                   "frequent loss-masked tokens)")
         if self.out.exists() and not self.overwrite:
             raise ConfigError(f"convert: output folder {self.out} exists; pass --overwrite or choose another --out")
+
+    @property
+    def arch_options(self) -> dict[str, Any]:
+        """``--arch-option`` as a dict of JSON values; a ConfigError names a malformed or unknown one."""
+        keys = drafter_spec(self.arch).arch_option_keys
+        out: dict[str, Any] = {}
+        for item in self.arch_option:
+            key, sep, raw = str(item).partition("=")
+            if not sep or not key:
+                raise ConfigError(f"convert: --arch-option {item!r} is not KEY=VALUE")
+            if key not in keys:
+                known = f"it takes {list(keys)}" if keys else "it takes none"
+                raise ConfigError(f"convert: --arch-option {key!r} is not an option of the {self.arch!r} arch; {known}")
+            try:
+                out[key] = json.loads(raw)
+            except json.JSONDecodeError:
+                raise ConfigError(f"convert: --arch-option {item!r}: the value is not JSON (a number, true/false, "
+                                  "or a quoted string)") from None
+        return out
 
 
 @dataclass(kw_only=True)

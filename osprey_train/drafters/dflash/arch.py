@@ -1,0 +1,121 @@
+"""Registry entry of the DFlash block drafter: one forward drafts a block, the target's taps as keys/values.
+
+Torch-free (read by the CLI, configs and the study). Its code is in this folder: ``model.py``,
+``convert.py`` (Stage 3: random Qwen3 layers shaped like the target, the target's embedding and
+head), ``objective.py`` (block training on the stored response tokens), ``drafting.py`` (offline
+drafts and the live session) and ``export.py`` (vLLM's ``DFlashDraftModel`` layout).
+
+``arch_options`` (config.json): ``block_size`` (slots of a trained block: the anchor and
+``block_size - 1`` drafts; 8 by default, as speculators and Model-Optimizer train it),
+``mask_token_id`` (the token fed at the mask slots, vLLM's ``dflash_config.mask_token_id``) and
+``anchor_fraction`` (training: the share of a packed row's eligible response positions drawn
+as block anchors at each step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from osprey_data.errors import ConfigError
+from osprey_train.drafters.spec import DrafterSpec
+
+__all__ = ["SPEC", "VLLM_ARCHITECTURE", "DEFAULT_BLOCK_SIZE", "DEFAULT_ANCHOR_FRACTION", "OPTION_KEYS",
+           "block_size_of", "mask_token_of", "anchor_fraction_of"]
+
+VLLM_ARCHITECTURE = "DFlashDraftModel"
+"""``architectures[0]`` of the vLLM export (vLLM's registry: ``qwen3_dflash.DFlashQwen3ForCausalLM``)."""
+DEFAULT_BLOCK_SIZE = 8
+"""Block slots when ``--arch-option block_size=`` is not given (speculators' and Model-Optimizer's default)."""
+DEFAULT_ANCHOR_FRACTION = 0.25
+"""Share of a packed row's eligible response positions that anchor a training block per step."""
+OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction")
+"""The ``arch_options`` keys a DFlash drafter has (``--arch-option KEY=VALUE`` at convert)."""
+
+
+def block_size_of(config: Any) -> int:
+    """The drafter's trained block size (anchor + drafts)."""
+    return int(config.arch_options["block_size"])
+
+
+def mask_token_of(config: Any) -> int:
+    """The token id at the mask slots."""
+    return int(config.arch_options["mask_token_id"])
+
+
+def anchor_fraction_of(config: Any) -> float:
+    """Training anchors per eligible response position."""
+    return float(config.arch_options.get("anchor_fraction", DEFAULT_ANCHOR_FRACTION))
+
+
+def _check_config(config: Any) -> None:
+    options = config.arch_options
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise ConfigError(f"drafter config: dflash arch_options has unknown key(s) {unknown}; known: {list(OPTION_KEYS)}")
+    for key in ("block_size", "mask_token_id"):
+        if key not in options:
+            raise ConfigError(f"drafter config: dflash needs arch_options.{key} (osprey train convert --arch dflash "
+                              "writes it)")
+    block, mask = options["block_size"], options["mask_token_id"]
+    if not isinstance(block, int) or isinstance(block, bool) or not 2 <= block <= 64:
+        raise ConfigError(f"drafter config: dflash block_size must be an integer in [2, 64], got {block!r}")
+    if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < config.vocab_size:
+        raise ConfigError(f"drafter config: dflash mask_token_id must be a token id in [0, {config.vocab_size}), "
+                          f"got {mask!r}")
+    fraction = options.get("anchor_fraction", DEFAULT_ANCHOR_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigError(f"drafter config: dflash anchor_fraction must be a number in (0, 1], got {fraction!r}")
+    if config.family != "qwen3" or not config.qk_norm:
+        raise ConfigError("drafter config: dflash layers are Qwen3-style (family 'qwen3', qk_norm), as vLLM's "
+                          "DFlashDraftModel runs them")
+    if config.attention_bias:
+        raise ConfigError("drafter config: dflash has no attention bias")
+    if config.draft_vocab_size != config.vocab_size:
+        raise ConfigError(f"drafter config: dflash drafts over the full target vocabulary (the target's LM head); "
+                          f"draft_vocab_size {config.draft_vocab_size} != vocab_size {config.vocab_size}")
+    if config.hidden_size != config.target_hidden_size:
+        raise ConfigError(f"drafter config: dflash uses the target's embedding, so its hidden size equals the "
+                          f"target's ({config.target_hidden_size}), got {config.hidden_size}")
+    if config.rope_scaling is not None:
+        raise ConfigError("drafter config: dflash has its own default RoPE (no rope_scaling)")
+
+
+def _check_convert(config: Any) -> None:
+    if config.target is None or config.store is None:
+        raise ConfigError("convert --arch dflash needs both --target MODEL and --store STORE")
+    if config.draft_vocab_size is not None:
+        raise ConfigError("convert --arch dflash: --draft-vocab does not apply; the drafter uses the target's own "
+                          "LM head over the full vocabulary")
+
+
+def _check_export(config: Any, fmt: str) -> None:
+    if fmt == "sglang":
+        raise ConfigError("export --format sglang: the dflash drafter has no SGLang export yet (its DFLASH "
+                          "algorithm is the next slice); use --format vllm or --format hf")
+
+
+SPEC = DrafterSpec(
+    name="dflash",
+    listing_order=3,
+    summary="a DFlash block drafter: one forward drafts a block from the target's taps (needs --target and --store)",
+    model_class="osprey_train.drafters.dflash.model:DFlashDrafter",
+    convert="osprey_train.drafters.dflash.convert:convert_dflash",
+    needs_backbone=False,
+    study_layer_cost=0.5,
+    tiny={"family": "qwen3", "qk_norm": True, "num_layers": 1, "draft_vocab_size": 384,
+          "arch_options": {"block_size": 4, "mask_token_id": 3}},
+    arch_option_keys=OPTION_KEYS,
+    check_config=_check_config,
+    check_convert=_check_convert,
+    check_export=_check_export,
+    vllm_writer="osprey_train.drafters.dflash.export:write_dflash_vllm",
+    vllm_reader="osprey_train.drafters.dflash.export:read_dflash_vllm",
+    vllm_method="dflash",
+    serving_label="DFlash (vLLM's DFlashDraftModel)",
+    objective="osprey_train.drafters.dflash.objective:DFlashObjective.from_config",
+    offline_drafts="osprey_train.drafters.dflash.drafting:draft_all_positions",
+    live_session="osprey_train.drafters.dflash.drafting:DFlashSession",
+    tree_drafting=False,
+    sampled_acceptance=False,
+    sglang_algorithm=None,
+)
