@@ -25,6 +25,7 @@ import click
 
 from osprey_data.config_fields import ConfigField, config_fields, from_values
 from osprey_data.errors import ConfigError
+from osprey_data.progress import progress_bars
 
 __all__ = ["ConfigOptions"]
 
@@ -122,4 +123,8 @@ class ConfigOptions:
             if c.metadata.get("negate"):
                 value = not value
             values[c.name] = value
+        if {**values, **fixed}.get("progress") is False and ctx is not None:
+            # --no-progress: the libraries' own bars (transformers' Loading weights, Writing model
+            # shards) stay off until the command's context closes, as Osprey's bars do
+            ctx.with_resource(progress_bars(False))
         return from_values(self.cls, {**values, **fixed})

@@ -54,10 +54,12 @@ def run(study_file: str, out: Path | None, cache: str | None, progress: bool) ->
     from osprey_train.study.runner import StudyRunConfig
     from osprey_train.study.runner import run as run_study
 
+    from osprey_data.progress import progress_bars
     from osprey_train.study.results import study_headline
 
     cfg, out = _load(study_file, out)
-    result = run_study(StudyRunConfig(study=cfg, out=out, cache=cache, progress=progress))
+    with progress_bars(progress):   # --no-progress: transformers' loading and saving bars too
+        result = run_study(StudyRunConfig(study=cfg, out=out, cache=cache, progress=progress))
     for line in study_headline(cfg, out):   # the figure the study is for, as the demo ends with its own
         click.echo(line)
     click.echo(f"{len(result.ran)} stages run, {result.reused} reused; next: osprey study report {study_file} "

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from osprey_data.errors import ModelError
+from osprey_data.progress import bars_enabled
 
 __all__ = ["VocabAlignment", "align_vocab", "token_surfaces", "detect_codec", "TOKEN_CODECS", "CHAT_MARKERS",
            "byte_level_decoder_map"]
@@ -201,7 +202,8 @@ def align_vocab(source_tokenizer: Any, target_tokenizer: Any, *, target_vocab_si
                 source_vocab_size: int | None = None, progress: bool = True) -> VocabAlignment:
     """Map every target token id to source rows (see the module docstring for the rules).
 
-    ``progress`` shows a tqdm bar for large vocabularies (>= 20k target tokens).
+    ``progress`` shows a tqdm bar for large vocabularies (>= 20k target tokens), unless inside an
+    :func:`osprey_data.progress.progress_bars` ``(False)`` block (a study run with ``--no-progress``).
     """
     src_surfaces, src_added = token_surfaces(source_tokenizer, where="source tokenizer")
     tgt_surfaces, tgt_added = token_surfaces(target_tokenizer, where="target tokenizer")
@@ -221,7 +223,7 @@ def align_vocab(source_tokenizer: Any, target_tokenizer: Any, *, target_vocab_si
 
     pending: dict[int, bytes] = {}
     bar = tqdm(total=2 * target_vocab_size, desc="vocab alignment", unit="tok",
-               disable=not progress or target_vocab_size < 20000)
+               disable=not progress or not bars_enabled() or target_vocab_size < 20000)
     for t in range(target_vocab_size):
         bar.update()
         if t in tgt_added:
