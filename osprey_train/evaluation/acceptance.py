@@ -289,6 +289,27 @@ def has_verify_round(sample) -> bool:
     return int(sample.token_ids.shape[0]) - 1 - max(sample.prompt_length, 1) >= 1
 
 
+MIN_TEMPERATURE = 1e-4
+"""The lowest serving temperature ``--temperature`` takes (below it: use 0, the greedy walk)."""
+
+
+def require_samples(reader) -> None:
+    """Refuse a store with no samples: its acceptance length (at least 1 by definition) is undefined."""
+    if len(reader) == 0:
+        raise ConfigError(f"acceptance: store {getattr(reader, 'url', None)} holds 0 samples, so there is no "
+                          "acceptance length to measure; build it with prompts (osprey data build --input ...) "
+                          "or pass a store that has samples")
+
+
+def require_rounds(samples_by_domain, n: int, reader) -> None:
+    """Refuse when none of the ``n`` samples read had a verify round (every response was the prefill's
+    one token): the figures would be 0 over 0 samples."""
+    if not sum(len(v) if isinstance(v, list) else int(v) for v in samples_by_domain.values()):
+        raise ConfigError(f"acceptance: none of the {n} samples read from store {getattr(reader, 'url', None)} "
+                          "has a verify round (each response is at most one token), so there is no acceptance "
+                          "length to measure; build the store with longer responses (--max-new-tokens)")
+
+
 @torch.no_grad()
 def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | None = None,
                         impl: str = "sdpa", progress: bool = True, temperature: float = 0.0,
@@ -297,6 +318,7 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
     ``temperature > 0``: the expected acceptance of speculative sampling (:func:`sampled_reports`)."""
     if steps < 1:
         raise ConfigError(f"acceptance: --steps must be >= 1, got {steps}")
+    require_samples(reader)
     if temperature > 0:
         return sampled_reports(drafter, reader, [steps], temperature=temperature, max_samples=max_samples,
                                impl=impl, progress=progress,
@@ -317,6 +339,7 @@ def evaluate_acceptance(drafter, reader, *, steps: int = 5, max_samples: int | N
         c, k = greedy_consistency_counts(s)
         consistent, checked = consistent + c, checked + k
     drafter.train(was_training)
+    require_rounds(tally.samples, n, reader)
     consistency, reason = store_verdict(reader.header, consistent, checked)
     return tally.report(steps, consistency=consistency, reason=reason, store=getattr(reader, "url", None))
 
@@ -331,6 +354,11 @@ def sampled_reports(drafter, reader, steps: list[int], *, temperature: float, ma
     Refuses (:class:`ConfigError`) a store whose responses are not target samples at
     ``temperature`` unless ``allow_temperature_mismatch`` (the reports are then proxies).
     """
+    if not temperature >= MIN_TEMPERATURE:
+        raise ConfigError(f"acceptance --temperature {temperature:g}: below {MIN_TEMPERATURE:g} speculative sampling is "
+                          f"greedy decoding to within rounding, and dividing the logits by it overflows; use "
+                          f"--temperature 0 (the exact greedy walk) or a temperature >= {MIN_TEMPERATURE:g}")
+    require_samples(reader)
     spec = drafter_spec(drafter.config.arch)
     if not spec.sampled_acceptance:
         raise ConfigError(f"acceptance --temperature {temperature:g}: the estimator replays chain draft distributions "
@@ -363,6 +391,7 @@ def sampled_reports(drafter, reader, steps: list[int], *, temperature: float, ma
             tally.factors += sum(judged_S[:s])
             tally.outside += sum(outside_S[:s])
     drafter.train(was_training)
+    require_rounds(tallies[longest].samples, n, reader)
     return [_sampled_report(tallies[s], temperature, reason, url) for s in steps]
 
 

@@ -22,6 +22,7 @@ Legend: N rows (positions), K top-k.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -53,16 +54,21 @@ def tempered_target(topk_logprobs_NK: Tensor, temperature: float, vocab_size: in
     mass_N = (1.0 - p1_NK.sum(-1)).clamp_min(0.0)  # tail mass at T = 1 (fp32 rounding can go negative)
     smallest_N = p1_NK.min(-1).values
     n = max(int(vocab_size) - K, 0)
-    e_NK = (lp_NK * a).exp()
+    # Every term of Z is scaled by exp(-a * max log p1) (it cancels in each ratio): at a low T,
+    # p1^a itself underflows to 0 for whole rows and the ratios would be 0 / 0.
+    top_N = lp_NK.max(-1).values
+    e_NK = (a * (lp_NK - top_N[:, None])).exp()
     big_E_N = e_NK.sum(-1)
     if n == 0:
         zero_N = torch.zeros_like(mass_N)
         return TemperedTarget(p_lo_NK=e_NK / big_E_N[:, None], p_hi_NK=e_NK / big_E_N[:, None], tail_hi_N=zero_N)
+    log_mass_N = mass_N.log()   # -inf where the tail is empty (guarded below)
     # each tail entry is <= the smallest stored one; the tail sums to `mass`
-    packed_N = mass_N * smallest_N.clamp_min(1e-300) ** (a - 1.0)  # mass in entries of size p1_K
-    spread_N = n * (mass_N / n) ** a                                # mass spread over all n entries
+    log_small_N = smallest_N.clamp_min(1e-300).log()
+    packed_N = (log_mass_N + (a - 1.0) * log_small_N - a * top_N).exp()   # mass in entries of size p1_K
+    spread_N = n * (a * (log_mass_N - math.log(n) - top_N)).exp()          # mass spread over all n entries
     if a == 1.0:
-        tau_lo_N = tau_hi_N = mass_N
+        tau_lo_N = tau_hi_N = (log_mass_N - top_N).exp()
     elif a > 1.0:
         tau_lo_N, tau_hi_N = spread_N, torch.maximum(packed_N, spread_N)
     else:
@@ -71,5 +77,5 @@ def tempered_target(topk_logprobs_NK: Tensor, temperature: float, vocab_size: in
     tau_hi_N = torch.where(mass_N > 0, tau_hi_N, torch.zeros_like(mass_N))
     p_lo_NK = e_NK / (big_E_N + tau_hi_N)[:, None]
     p_hi_NK = e_NK / (big_E_N + tau_lo_N)[:, None]
-    tail_hi_N = torch.minimum(smallest_N, mass_N) ** a / (big_E_N + tau_lo_N)
+    tail_hi_N = (a * (torch.minimum(smallest_N, mass_N).log() - top_N)).exp() / (big_E_N + tau_lo_N)
     return TemperedTarget(p_lo_NK=p_lo_NK, p_hi_NK=p_hi_NK, tail_hi_N=tail_hi_N)
