@@ -12,8 +12,9 @@ Target: SmolLM2-135M-Instruct from the demo's cache (fetched from PyPI once), or
    tokens with the drafter's taps (the verify of ``S = n - 1`` drafts), n = 1..16; one drafter
    chain step (the marginal cost of one more draft in ``DrafterSession.propose``: one drafter
    forward of one token + its LM head), also for the same drafter with a full-vocabulary head.
-3. **speculative decoding** of held-out prompts for S = 1..5 (``--quick``: S = 3) against plain
-   decoding of the same prompts: acceptance length (SGLang's, as ``osprey eval live``), tokens/s
+3. **speculative decoding** of held-out prompts for S = 1..5 and ``auto`` (``--quick``: S = 3 and
+   ``auto``; ``--steps`` picks) against plain decoding of the same prompts (``auto`` is ``osprey
+   eval live --steps auto``: costs measured first, then S in 0..``--max-steps`` chosen per round): acceptance length (SGLang's, as ``osprey eval live``), tokens/s
    ratio end to end, and in the decode phase alone (prefill excluded), which is what the model
    below predicts. The per-round overhead (drafter extend, taps, verification bookkeeping,
    Python) is what the measured decode time per round leaves after ``S * draft_step +
@@ -60,6 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 STEPS = (1, 2, 3, 4, 5)
+AUTO = "auto"
 VERIFY_MAX = 16
 GOAL_HARNESS = 0.95
 GOAL_BREAK_EVEN_S3 = 1.6
@@ -273,9 +275,20 @@ def cost_section(args, target, session, full_session, context_ids) -> dict:
 
 def spec_section(args, target, session, prompts, eos, costs) -> dict:
     """Speculative vs plain decoding of the held-out prompts for every S; per-round overhead."""
+    from osprey_train.evaluation.draft_length import DraftLengthPolicy, measure_costs
     from osprey_train.evaluation.spec_decode import plain_generate, speculative_generate
 
-    steps = (3,) if args.quick else STEPS
+    steps = tuple(args.steps)
+    policy = None
+    if AUTO in steps:
+        # what `osprey eval live --steps auto` does without --cost: costs measured on this target and
+        # drafter first, then one policy for every prompt and repeat (it learns as decoding goes)
+        t = time.perf_counter()
+        cost = measure_costs(target, session, prompts[0], args.max_steps, what="measured at the start (live_bench)")
+        policy = DraftLengthPolicy(cost=cost, max_steps=args.max_steps)
+        log(f"--steps auto: costs measured in {time.perf_counter() - t:.1f} s: draft step {cost.draft_step:.3f}, "
+            f"round overhead {cost.round_overhead:.3f}, verify(1..{args.max_steps + 1}) "
+            + "/".join(f"{cost.verify[n]:.2f}" for n in sorted(cost.verify)))
     prefill = {}
     for i, p in enumerate(prompts):  # the prefill, which both sides pay once per prompt
         def run_prefill(p=p):
@@ -294,6 +307,10 @@ def spec_section(args, target, session, prompts, eos, costs) -> dict:
             for what in order:
                 if what == "plain":
                     results[what] = plain_generate(target, p, max_new_tokens=args.max_new_tokens, eos_ids=eos)
+                elif what == AUTO:
+                    results[what] = speculative_generate(target, session, p, num_steps=args.max_steps,
+                                                         max_new_tokens=args.max_new_tokens, eos_ids=eos,
+                                                         policy=policy)
                 else:
                     results[what] = speculative_generate(target, session, p, num_steps=what,
                                                          max_new_tokens=args.max_new_tokens, eos_ids=eos)
@@ -312,6 +329,15 @@ def spec_section(args, target, session, prompts, eos, costs) -> dict:
     out = {}
     for s in steps:
         a = agg[s]
+        if s == AUTO:
+            assert policy is not None
+            out[s] = {"accept_len": a["emitted"] / max(1, a["rounds"]), "speedup_decode": a["plain_decode"] / a["spec_decode"],
+                      "speedup_e2e": a["plain"] / a["spec"], "identical": a["identical"], "runs": a["runs"],
+                      "rounds": a["rounds"], **policy.to_dict()}
+            log(f"S=auto (0..{args.max_steps}): rounds by S {out[s]['rounds_by_steps']} ({policy.probes} probes), "
+                f"tokens per round {out[s]['accept_len']:.3f}, decode speedup x{out[s]['speedup_decode']:.3f} "
+                f"(end to end x{out[s]['speedup_e2e']:.3f}); {lossless_line(a['identical'], a['runs'])}")
+            continue
         components = s * costs["draft_step"] + costs["verify"][s + 1]
         # the unit here is the plain decode step as measured in these very runs (same prompts,
         # contexts and moment), so that AL / round cost reproduces the measured decode speedup
@@ -594,6 +620,13 @@ def write_report(out: Path, summary: dict, costs: dict, spec: dict, overhead: fl
                          f"{lossless_line(m['identical'], m['runs'])} |")
         else:
             lines.append(f"| {s} | {be:.3f} | | | | | |")
+    if AUTO in spec:
+        m = spec[AUTO]
+        lines.append(f"| auto (0..{m['max_steps']}) | | {m['accept_len']:.3f} (tokens per round) | | "
+                     f"{m['speedup_decode']:.3f} | {m['speedup_e2e']:.3f} | {lossless_line(m['identical'], m['runs'])} |")
+        lines += ["", f"`--steps auto` (as `osprey eval live` by default; costs {m['cost']['source']}): rounds per S "
+                      f"{m['rounds_by_steps']}, {m['probes']} probe rounds; final acceptance estimate per position "
+                      f"{m['acceptance_estimate']}."]
     lines += ["", f"Goal at S=3: AL* <= {GOAL_BREAK_EVEN_S3}. Plot: `live_bench.png` (curves: predicted; dots: measured).",
               ""]
     path = out / "live_bench.md"
@@ -622,6 +655,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="plain-vs-generate repeats (default 2; quick 3)")
     ap.add_argument("--cost-repeats", type=int, default=None, help="cost repeats (default 15; quick 10)")
     ap.add_argument("--spec-repeats", type=int, default=1, help="speculative-decoding repeats")
+    ap.add_argument("--steps", default=None,
+                    help="comma list of draft lengths decoded against plain decoding, each a number or 'auto' "
+                         "(osprey eval live --steps auto: S chosen per round; default 1,2,3,4,5,auto; quick 3,auto)")
+    ap.add_argument("--max-steps", type=int, default=5, help="--steps auto: the most drafts per round")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared box several OpenMP threads spin-wait for each other and "
                          "distort every figure; use 2 on an idle 2-core machine)")
@@ -640,6 +677,15 @@ def main() -> None:
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
+    if args.steps is None:
+        args.steps = "3,auto" if args.quick else "1,2,3,4,5,auto"
+    try:
+        args.steps = [AUTO if x.strip() == AUTO else int(x) for x in args.steps.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--steps: numbers in 1..{VERIFY_MAX - 1} or 'auto', got {args.steps!r}")
+    if not args.steps or any(s != AUTO and not 1 <= s < VERIFY_MAX for s in args.steps) or \
+            not 1 <= args.max_steps < VERIFY_MAX:
+        ap.error(f"--steps / --max-steps: numbers in 1..{VERIFY_MAX - 1} or 'auto', got {args.steps!r}")
 
     import torch
 
@@ -715,7 +761,8 @@ def main() -> None:
     plain = plain_section(args, model, target, prompts, eos)
     costs = cost_section(args, target, session, full_session, context)
     spec = spec_section(args, target, session, prompts, eos, costs)
-    overhead = statistics.median(v["overhead"] for v in spec.values())
+    fixed = [v for k, v in spec.items() if k != AUTO]
+    overhead = statistics.median(v["overhead"] for v in fixed) if fixed else 0.0
     cost = cost_model(costs, overhead, device, str(drafter_dir), target_name)
     be = {s: break_even(cost, s) for s in STEPS}
     log("break-even acceptance length: " + ", ".join(f"S={s} {be[s]:.3f}" for s in STEPS)
@@ -753,6 +800,7 @@ def main() -> None:
         "speedup_decode_s3": round(s3.get("speedup_decode", float("nan")), 3),
         "speedup_e2e_s3": round(s3.get("speedup_e2e", float("nan")), 3),
         "identical_s3": f"{s3.get('identical')}/{s3.get('runs')}", "lossless_s3": s3.get("identical") == s3.get("runs"),
+        **auto_result(spec.get(AUTO)),
         "setup_s": round(t_setup, 1), "seconds": round(time.perf_counter() - start, 1),
     }
     if names:
@@ -764,6 +812,16 @@ def main() -> None:
         write_json(out / "live_bench.json", {**doc, "precisions": sweep})
     log(f"report {md}, plot {png}" + (f", cost model {args.cost_out}" if args.cost_out else ""))
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+def auto_result(auto: dict | None) -> dict:
+    """RESULT keys of the --steps auto run: its speedups, losslessness and the rounds per S."""
+    if auto is None:
+        return {}
+    return {"speedup_decode_auto": round(auto["speedup_decode"], 3), "speedup_e2e_auto": round(auto["speedup_e2e"], 3),
+            "identical_auto": f"{auto['identical']}/{auto['runs']}", "lossless_auto": auto["identical"] == auto["runs"],
+            "auto_rounds": "/".join(f"S{s}:{n}" for s, n in auto["rounds_by_steps"].items()),
+            "auto_probes": auto["probes"]}
 
 
 def sweep_result(sweep: dict) -> dict:

@@ -25,13 +25,16 @@ __all__ = ["demo"]
 @click.option("--prune-layers", type=int, default=None, help="Blocks kept from the source (preset default).")
 @click.option("--distill-steps", type=int, default=None, help="Distillation steps (preset default).")
 @click.option("--draft-steps", type=int, default=None, help="Draft steps S per verify step (preset default).")
+@click.option("--live-steps", default="auto", show_default=True,
+              help="Draft length of the live run: 'auto' (chosen per round, 0 = a plain step) or a fixed S.")
 @click.option("--lr", type=float, default=None, help="Distillation learning rate (default 5e-4).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random part.")
 def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, source: str | None,
          prompts: str | None, device: str, cache: str | None, train_prompts: int | None,
          eval_prompts: int | None, max_new_tokens: int | None, prune_layers: int | None,
-         distill_steps: int | None, draft_steps: int | None, lr: float | None, threads: int | None, seed: int) -> None:
+         distill_steps: int | None, draft_steps: int | None, live_steps: str, lr: float | None,
+         threads: int | None, seed: int) -> None:
     """Fetch a small target, build stores, prune/convert/distill a drafter, evaluate offline and live.
 
     The model is cached in --cache, $OSPREY_CACHE or ~/.cache/osprey.
@@ -41,18 +44,16 @@ def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, sour
       osprey demo --quick --out osprey-demo
     """
     from osprey_train.demo.pipeline import DemoConfig, lossless_failure, run
-    from osprey_train.evaluation.live_report import lossless_line
+    from osprey_train.demo.report import headline
 
     result = run(DemoConfig(out=out, quick=quick, target=target, gguf_file=gguf_file, source=source,
                             prompts=prompts, device=device, cache=cache, train_prompts=train_prompts,
                             eval_prompts=eval_prompts, max_new_tokens=max_new_tokens, prune_layers=prune_layers,
-                            distill_steps=distill_steps, draft_steps=draft_steps, threads=threads, seed=seed,
+                            distill_steps=distill_steps, draft_steps=draft_steps, live_steps=live_steps,
+                            threads=threads, seed=seed,
                             **({} if lr is None else {"lr": lr})))
     s = result.summary
-    click.echo(f"acceptance length: offline {s['offline']['distilled']['overall']:.3f}, "
-               f"live {s['live']['acceptance_length']:.3f}; speedup x{s['live']['speedup']:.2f}, "
-               f"{lossless_line(s['live'].get('greedy_identical'), s['live']['num_prompts'])}; "
-               f"report: {result.report_md}")
+    click.echo(headline(s, result.report_md))
     failure = lossless_failure(s)
     if failure is not None:
         click.echo(f"error: {failure}", err=True)

@@ -59,6 +59,10 @@ class DemoConfig:
     """TTT unroll length K."""
     draft_steps: int | None = None
     """Draft steps S per verify step, offline and live."""
+    live_steps: int | str = "auto"
+    """Draft length of the live run: 'auto' (chosen per round from measured costs and the running
+    acceptance, S = 0 a plain step, as ``osprey eval live`` by default) or a fixed S (the offline S:
+    then live and offline acceptance length are the same figure)."""
     lr: float = 5e-4
     """Distillation learning rate (short runs want a larger one than the library default)."""
     threads: int | None = None
@@ -80,6 +84,10 @@ class DemoConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"demo: {name.replace('_', '-')} must be a positive integer, got {value!r}")
             self.sizes[name] = value
+        if isinstance(self.live_steps, str) and self.live_steps.strip().isdigit():
+            self.live_steps = int(self.live_steps)
+        if self.live_steps != "auto" and not (isinstance(self.live_steps, int) and self.live_steps >= 1):
+            raise ConfigError(f"demo: --live-steps must be 'auto' or a positive integer, got {self.live_steps!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"demo: --threads must be >= 1, got {self.threads}")
         if self.lr <= 0:

@@ -93,7 +93,7 @@ def demo_study(cfg: DemoConfig) -> StudyConfig:
         eval=EvalSection(draft_steps=sizes["draft_steps"], converted=True),
         arms=[ArmSection(name=ARM, arch="osprey", stage2="none", seeds=[cfg.seed])],
         live=LiveSection(arm=ARM, domain=DOMAIN, seed=cfg.seed, prompts=sizes["eval_prompts"],
-                         max_new_tokens=sizes["max_new_tokens"], draft_steps=sizes["draft_steps"]),
+                         max_new_tokens=sizes["max_new_tokens"], draft_steps=cfg.live_steps),
     )
 
 
@@ -139,6 +139,9 @@ def run(cfg: DemoConfig) -> DemoResult:
         "cpu_threads": read_record(work, plan.live)["threads"], "study_folder": str(work),
         "stages_reused": done.reused,
         "target_path": result(plan.live.deps["target"])["path"],
+        # what the live stage ran, so that the printed next step can repeat it exactly
+        "live_settings": {"steps": cfg.live_steps, "tap_codec": study.live.tap_codec,
+                          "max_new_tokens": cfg.sizes["max_new_tokens"], "prompts": cfg.sizes["eval_prompts"]},
     }
     # the distilled drafter and the stores under stable names, for the next commands (eval, export)
     resolved = {"drafter": output_path(stage_dir(work, plan.drafters[key]), "distill"),
@@ -167,11 +170,26 @@ def run(cfg: DemoConfig) -> DemoResult:
 
 
 def next_step(summary: dict[str, Any]) -> str:
-    """The command that runs the demo's drafter on the held-out prompts with more tokens (a user's first
-    step after the demo)."""
-    paths = summary["paths"]
-    return (f"osprey eval live --drafter {paths['drafter']} --target {summary['target_path']} "
-            f"--input {paths['eval_prompts']} --steps 3 --max-new-tokens 96  (docs/live.md; then docs/study.md)")
+    """The command that repeats the demo's live run by itself (a user's first step after the demo):
+    the same drafter, prompts, token budget, draft length, taps, precision and threads, so it measures
+    what the demo measured (issue 48: a next step that picked bf16 by itself and decoded 4x the tokens
+    ran 7x longer than the demo's live stage, unannounced, and reported another speedup). Its expected
+    time is the demo's own live stage."""
+    paths, live = summary["paths"], summary["live"]
+    settings = summary.get("live_settings") or {}
+    steps = settings.get("steps", "auto" if live.get("draft_length") else live.get("steps"))
+    precision = (live.get("precision") or {}).get("target", "float32")
+    command = (f"osprey eval live --drafter {paths['drafter']} --target {summary['target_path']} "
+               f"--input {paths['eval_prompts']} --steps {steps} "
+               f"--max-new-tokens {settings.get('max_new_tokens', summary['sizes']['max_new_tokens'])} "
+               f"--precision {precision}"
+               + (f" --tap-codec {settings['tap_codec']}" if settings.get("tap_codec") else "")
+               + (f" --threads {summary['cpu_threads']}" if summary.get("cpu_threads") else ""))
+    seconds = summary.get("timings_s", {}).get("live decoding")
+    took = f"about {seconds:.0f} s, as the demo's live stage" if seconds is not None else "as long as the demo's live stage"
+    return (f"{command}  (repeats the demo's live run: {live.get('num_prompts', '?')} held-out prompts, {precision}; "
+            f"{took}; more --max-new-tokens or --input prompts take proportionally longer; docs/live.md, then "
+            f"docs/study.md)")
 
 
 def lossless_failure(summary: dict[str, Any]) -> str | None:

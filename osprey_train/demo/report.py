@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file, write_text
-from osprey_train.evaluation.live_report import lossless_line
+from osprey_train.evaluation.live_report import draft_length_line, lossless_line, speedup_text
 
 __all__ = ["write_report", "render_markdown", "plot", "figure", "limits_sentence", "acceptance_axis",
-           "domain_counts", "reading_note"]
+           "domain_counts", "reading_note", "headline"]
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -38,6 +38,33 @@ def reading_note(summary: dict[str, Any]) -> str:
             f"(each verify step kept only the target's own token); {steps + 1} (S + 1) means every draft was.")
 
 
+def headline(summary: dict[str, Any], report_md: Any) -> str:
+    """The demo's last line: both acceptance lengths, the speedup (saying so when it is a slowdown),
+    the lossless count and where the report is."""
+    live = summary["live"]
+    auto = " (draft length auto)" if live.get("draft_length") else ""
+    return (f"acceptance length: offline {summary['offline']['distilled']['overall']:.3f}, "
+            f"live {live['acceptance_length']:.3f}{auto}; {speedup_text(live.get('speedup'))}, "
+            f"{lossless_line(live.get('greedy_identical'), live['num_prompts'])}; report: {report_md}")
+
+
+def _offline_vs_live(summary: dict[str, Any]) -> str:
+    live, off = summary["live"], summary["offline"]
+    if live.get("draft_length"):
+        return (f"Offline vs live: live decoding chose its draft length every round (`--steps auto`: the S, 0 = "
+                f"a plain step, that the measured costs and the acceptance so far say pays most), so its "
+                f"tokens per verify round ({_fmt(live['acceptance_length'])}) is not offline's fixed "
+                f"S={summary['sizes']['draft_steps']} acceptance length ({_fmt(off['distilled']['overall'])}); "
+                f"`osprey demo --live-steps {summary['sizes']['draft_steps']}` decodes with that fixed S, "
+                f"and then the two agree.")
+    diff = live["acceptance_length"] - off["distilled"]["overall"]
+    return (f"Offline vs live (same drafter, same prompts): difference {diff:+.4f}. The eval store and live "
+            f"decoding both ran the target in {live.get('precision', {}).get('target', '?')}: the store's "
+            f"responses are the target's greedy output, so greedy offline acceptance equals live acceptance; a "
+            f"gap means the live run stopped differently (e.g. another max_new_tokens), or the builder's batched "
+            f"forward and live single-stream decoding broke a near-tie of two logits differently.")
+
+
 def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> str:
     """The report page (markdown) for one demo summary."""
     sizes = summary["sizes"]
@@ -53,7 +80,8 @@ def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> st
         f"Preset: {'quick' if summary['quick'] else 'full'}; {sizes['train_prompts']} train / "
         f"{sizes['eval_prompts']} held-out prompts, responses up to {sizes['max_new_tokens']} tokens; "
         f"{summary['distill']['steps']} distillation steps (TTT K={sizes['ttt_steps']}); "
-        f"S={sizes['draft_steps']} draft steps per verify step.",
+        f"S={sizes['draft_steps']} draft steps per verify step"
+        + (" offline; live, the draft length is chosen every round (auto)." if live.get("draft_length") else "."),
         "",
         "## Acceptance length (tokens per verify step, greedy, held-out prompts)",
         "",
@@ -68,16 +96,12 @@ def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> st
                      f"{_fmt(live['per_domain'].get(d, {}).get('acceptance_length'))} |")
     lines.append(f"| **all** | {live.get('num_prompts', '?')} | {_fmt(off['converted']['overall'])} | "
                  f"**{_fmt(off['distilled']['overall'])}** | **{_fmt(live['acceptance_length'])}** |")
-    diff = live["acceptance_length"] - off["distilled"]["overall"]
+    auto = draft_length_line(live.get("draft_length"), live.get("speedup"))
     lines += [
         "",
         reading_note(summary),
         "",
-        f"Offline vs live (same drafter, same prompts): difference {diff:+.4f}. The eval store and live "
-        f"decoding both ran the target in {live.get('precision', {}).get('target', '?')}: the store's "
-        f"responses are the target's greedy output, so greedy offline acceptance equals live acceptance; a "
-        f"gap means the live run stopped differently (e.g. another max_new_tokens), or the builder's batched "
-        f"forward and live single-stream decoding broke a near-tie of two logits differently.",
+        _offline_vs_live(summary),
         "",
         "## Speed (same run, same prompts)",
         "",
@@ -88,9 +112,10 @@ def render_markdown(summary: dict[str, Any], png_name: str = "report.png") -> st
         f"| speculative (Osprey drafter) | {live['spec_tokens']} | {_fmt(live['spec_seconds'], 2)} | "
         f"{_fmt(live['spec_tokens_per_s'], 1)} |",
         "",
-        f"Speedup x{_fmt(live['speedup'], 2)}. Greedy speculative outputs identical to plain decoding: "
+        f"{speedup_text(live.get('speedup')).capitalize()}. Greedy speculative outputs identical to plain decoding: "
         f"{lossless_line(live.get('greedy_identical'), live['num_prompts'])}. Verify rows: "
         f"{live.get('exactness', {}).get('summary', 'not recorded')}.",
+        *([] if auto is None else ["", auto + "."]),
         "",
         f"![offline vs live]({png_name})",
         "",
@@ -180,7 +205,7 @@ def figure(summary: dict[str, Any]) -> Any:
     ax2.set_ylim(0, max(speeds + [1e-9]) * 1.25)
     ax2.set_ylabel("tokens / s")
     speedup = live.get("speedup")
-    ax2.set_title(f"decoding speed (speedup x{speedup:.2f})" if speedup else "decoding speed", fontsize=10)
+    ax2.set_title(f"decoding speed ({speedup_text(speedup)})" if speedup else "decoding speed", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -359,8 +359,8 @@ class LiveSection:
     """Held-out prompts of the domain decoded (round-robin limit)."""
     max_new_tokens: int = 64
     """Tokens per prompt at most."""
-    draft_steps: int | None = None
-    """Draft steps S (default ``[eval] draft_steps``)."""
+    draft_steps: int | str | None = None
+    """Draft steps S (default ``[eval] draft_steps``), or 'auto': chosen per round (``eval live --steps auto``)."""
     tap_codec: str = "bf16"
     """Round the live taps as the store did, so offline and live see the same features."""
 
@@ -369,6 +369,9 @@ class LiveSection:
             _fail(where, "domain is required when arm is not 'best'")
         if self.prompts < 1 or self.max_new_tokens < 1:
             _fail(where, "prompts and max_new_tokens must be >= 1")
+        if isinstance(self.draft_steps, str) and self.draft_steps != "auto" or \
+                isinstance(self.draft_steps, int) and self.draft_steps < 1:
+            _fail(where, f"draft_steps must be >= 1 or 'auto', got {self.draft_steps!r}")
         if self.tap_codec not in ("bf16", "fp8"):
             _fail(where, f"tap_codec must be bf16 or fp8, got {self.tap_codec!r}")
 

@@ -4,6 +4,7 @@ The fetcher's own tests are in tests/data/target_model/test_packaged.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_split_is_disjoint_and_round_robin(tmp_path):
 def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     cfg = DemoConfig(out=tmp_path / "demo", quick=True, target=str(tiny_llama_dir), source=str(tiny_llama_dir),
                      train_prompts=5, eval_prompts=5, max_new_tokens=8, prune_layers=2, distill_steps=2,
-                     tokens_per_batch=128, ttt_steps=2, draft_steps=2, device="cpu", progress=False)
+                     tokens_per_batch=128, ttt_steps=2, draft_steps=2, live_steps=2, device="cpu", progress=False)
     result = run(cfg)
     md = result.report_md.read_text(encoding="utf-8")
     assert "Acceptance length" in md and "| **all** |" in md and "tokens/s" in md
@@ -75,7 +76,11 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     assert live["precision"]["target"] == "float32"
     assert live["exactness"]["summary"].startswith("verify rows exact by construction")
     assert "Verify rows: verify rows exact" in md and "identical 5/5" in md
-    assert f"--input {demo / 'prompts' / 'eval.jsonl'}" in next_step(doc)
+    step = next_step(doc)
+    assert f"--input {demo / 'prompts' / 'eval.jsonl'}" in step
+    # issue 48: the next step repeats what the demo measured (precision, tokens, S, taps) and says how long
+    assert " --steps 2 --max-new-tokens 8 --precision float32 --tap-codec bf16 " in step
+    assert f"about {doc['timings_s']['live decoding']:.0f} s, as the demo's live stage" in step
     assert lossless_failure(doc) is None
     assert "differs from plain decoding on 1 of 5" in lossless_failure({**doc, "live": {**live, "greedy_identical": 4}})
     for role, link in doc["paths"].items():
@@ -87,10 +92,22 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
     assert again.summary["stages_reused"] == len(list((tmp_path / "demo" / "work" / "stages").iterdir()))
     assert again.summary["offline"] == doc["offline"] and again.summary["live"]["acceptance_length"] == \
         live["acceptance_length"]
+    # the default live draft length, auto (issue 46): only the live stage runs again; still lossless
+    auto = run(dataclasses.replace(cfg, live_steps="auto"))
+    assert auto.summary["stages_reused"] == again.summary["stages_reused"] - 1
+    alive = auto.summary["live"]
+    assert alive["greedy_identical"] == 5 and alive["draft_length"]["max_steps"] == 5
+    assert sum(alive["draft_length"]["rounds_by_steps"].values()) == alive["verify_steps"]
+    md = auto.report_md.read_text(encoding="utf-8")
+    assert "Draft length: auto (S = 0..5" in md and "--live-steps 2" in md
+    assert " --steps auto " in next_step(auto.summary)
 
 
 def test_demo_config_checks():
     assert DemoConfig(quick=True).sizes["distill_steps"] > 0
+    assert DemoConfig().live_steps == "auto" and DemoConfig(live_steps="3").live_steps == 3
+    with pytest.raises(ConfigError, match="--live-steps"):
+        DemoConfig(live_steps="fast")
     with pytest.raises(ConfigError, match="train-prompts"):
         DemoConfig(train_prompts=0)
     with pytest.raises(ConfigError, match="prompt file"):

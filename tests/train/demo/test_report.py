@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from osprey_train.demo.pipeline import busy_warning
-from osprey_train.demo.report import acceptance_axis, figure, render_markdown
+from osprey_train.demo.report import acceptance_axis, figure, headline, render_markdown
 
 DOMAINS = ("chat", "code", "math")
 
@@ -100,3 +100,23 @@ def test_report_says_n_per_domain_and_what_acceptance_one_means():
         plt.close(fig)
     # a summary without counts (an older demo.json) still renders
     assert "| chat | ? |" in render_markdown(_summary())
+
+
+def test_a_slowdown_reads_as_one():
+    """Issue 48: the demo's last line and its report said ``speedup x0.56`` for a 1.8x slowdown."""
+    summary = _summary(plain=12.5, spec=7.0)
+    line = headline(summary, "osprey-demo/report.md")
+    assert "speedup x0.56 (slower than plain decoding)," in line
+    assert "Speedup x0.56 (slower than plain decoding)." in render_markdown(summary)
+    assert "slower" not in headline(_summary(plain=10.0, spec=13.0), "r.md")
+
+
+def test_an_auto_live_run_is_not_compared_with_offline_as_if_it_were_one_s():
+    summary = _summary()
+    summary["live"]["draft_length"] = {"max_steps": 5, "rounds_by_steps": {0: 90, 1: 10}, "probes": 4,
+                                       "cost": {"source": "measured at the start of this run"}}
+    md = render_markdown(summary)
+    assert "Draft length: auto (S = 0..5, 0 = a plain step; costs measured at the start of this run): " \
+           "S=0 in 90 (90%), S=1 in 10 (10%) of 100 rounds (4 probes)" in md
+    assert "is not offline's fixed S=3 acceptance length" in md and "difference" not in md
+    assert "(draft length auto)" in headline(summary, "r.md")
