@@ -84,6 +84,11 @@ def _fail(where: str, message: str) -> typing.NoReturn:
     raise ConfigError(f"{where}: {message}")
 
 
+TARGETS_SUMMARY_FILES = ("README.md", "results.json")
+"""The files a study of several [[targets]] writes into its report folder, next to one folder per
+target (osprey_train/study/report.py): no target may be named as one of them."""
+
+
 def _check_label(where: str, name: Any) -> None:
     """Study, domain and arm names become folder names and report text: a plain label only (no
     path separator, not '.' or '..', no control or bidi-format characters)."""
@@ -434,6 +439,12 @@ class StudyConfig:
             names = [t.name for t in self.targets]
             if len(set(names)) != len(names):
                 _fail(where, f"[[targets]] names repeat: {names}")
+            # each target's report is the folder <report dir>/<name>, beside the summary's own files
+            clash = [n for n in names if n.casefold() in {f.casefold() for f in TARGETS_SUMMARY_FILES}]
+            if clash:
+                _fail(where, f"[[targets]] name {clash[0]!r} is the name of a file of the study report's summary "
+                             f"({', '.join(TARGETS_SUMMARY_FILES)}), where each target's report folder goes too; "
+                             "rename the target")
             if self.source.model == "target":
                 _fail(f"{where}: [source]", "a study of several [[targets]] needs its own [source] model (the "
                                             "backbone they share); 'target' names no single model")

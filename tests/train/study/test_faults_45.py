@@ -44,3 +44,18 @@ def test_plain_locks_still_work(tmp_path):
         assert claim is not None and claim_stage(out, "distill-abc") is None
         claim.release()
     assert live_runners(out) == []
+
+
+@pytest.mark.parametrize("name", ["README.md", "readme.md", "results.json"])
+def test_a_target_named_as_a_file_of_the_report_summary_is_refused_when_the_study_is_read(tmp_path, tiny_llama_dir,
+                                                                                           name):
+    # issue 45: the whole study ran (25/25 stages), then every `study report` failed on
+    # ".../report/README.md: Is a directory"
+    from osprey_train.study.config import load_study
+    from tests.train.study.test_targets import _two_target_study
+
+    path = _two_target_study(tmp_path / "s", tiny_llama_dir, tiny_llama_dir)
+    path.write_text(path.read_text().replace('name = "qwen"', f'name = "{name}"'))
+    with pytest.raises(ConfigError, match=rf"\[\[targets\]\] name '{name}' is the name of a file of the study "
+                                          r"report's summary \(README.md, results.json\).*rename the target"):
+        load_study(path)
