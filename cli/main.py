@@ -119,8 +119,8 @@ class OspreyCLI(LazyGroup):
 
 # The subgroups join the root through its lazy table, not add_command: the root's `commands` dict
 # then stays empty, so whatever lists the tree goes through list_commands and sees every command.
-# mkdocs-click (docs/cli.md) reads a non-empty `commands` dict as the whole list, and the generated
-# CLI reference once lacked demo, export and fetch-model because only the subgroups were in it.
+# mkdocs-click, which rendered docs/cli.md before osprey_cli.reference, read a non-empty `commands`
+# dict as the whole list, and the CLI reference once lacked demo, export and fetch-model.
 _GROUPS: dict[str, str | click.Command] = {
     name: LazyGroup(name=name, lazy=dict(commands), help=_GROUP_HELP[name])
     for name, commands in COMMANDS.items() if name

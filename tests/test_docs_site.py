@@ -100,14 +100,19 @@ def _tree(command, ctx, listed_by_mkdocs_click: bool) -> set[str]:
 def test_generated_cli_reference_sees_every_command():
     # The lazy root group once kept its subgroups in `commands` and its own commands in the lazy
     # table, so docs/cli.md silently lacked demo, export and fetch-model while the build passed.
+    # The page comes from osprey_cli.reference now, which lists through list_commands; a listing by
+    # `commands` (as mkdocs-click did) still sees every command.
     import click
 
     from osprey_cli.main import cli
+    from osprey_cli.reference import cli_reference
 
     ctx = click.Context(cli)
     full = _tree(cli, ctx, listed_by_mkdocs_click=False)
     assert {"demo", "export", "data build", "train distill"} <= full
     assert _tree(cli, ctx, listed_by_mkdocs_click=True) == full
+    page = cli_reference()
+    assert all(f"# {path.split()[-1]}\n" in page for path in full)
 
 
 # The hand-written option tables kept beside the generated CLI reference (docs/cli.md): they add
