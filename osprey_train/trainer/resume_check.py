@@ -3,8 +3,8 @@
 A stage records its whole config in the trainer state (``extra.config``, see
 :func:`~osprey_train.trainer.config.config_json`). On ``--resume`` every option of the stage
 config is compared with the recorded one, except those marked ``operational`` (a checkpoint
-period, a prefetch depth, the device: they do not change what is trained) and the run folder
-itself. Another ``--store``, ``--ttt-steps`` or ``--target-dist`` would continue a checkpoint
+period, a prefetch depth, the device: they do not change what is trained), the memory knobs of
+:data:`RESUME_FREE` (``--loss-chunk``) and the run folder itself. Another ``--store``, ``--ttt-steps`` or ``--target-dist`` would continue a checkpoint
 trained on other data or with another loss; that is refused before any model is built. (A
 checkpoint beyond ``--steps`` is refused by ``loop.check_resume_request``.)
 
@@ -21,10 +21,18 @@ from osprey_data.errors import CheckpointError
 from osprey_train.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from osprey_train.trainer.config import config_json
 
-__all__ = ["check_resume_config"]
+__all__ = ["check_resume_config", "RESUME_FREE"]
 
 _MISSING = object()
 _NOT_COMPARED = ("out_dir", "extra")   # the folder being resumed; free-form run description
+RESUME_FREE = {
+    "loss_chunk": "rows per LM-head/loss chunk: how many logits are held at once, not what they are",
+}
+"""Options that are part of a stage's identity (a study keeps them in its stage keys, so finished
+stages keep their keys) but not of a resume's: they bound memory and do not change the loss or its
+gradient (beyond float rounding of a different grouping), so a checkpoint may continue under
+another value. Every ``operational`` option is free as well (device, periods, prefetch, threads,
+gradient checkpointing, ...)."""
 
 
 def _lookup(doc: Any, path: tuple[str, ...]) -> Any:
@@ -58,7 +66,7 @@ def check_resume_config(cfg: Any) -> None:
     now_cfg = config_json(cfg)
     diffs = []
     for c in config_fields(type(cfg)):
-        if c.metadata.get("operational") or c.path[-1] in _NOT_COMPARED:
+        if c.metadata.get("operational") or c.path[-1] in _NOT_COMPARED or c.path[-1] in RESUME_FREE:
             continue
         saved, now = _lookup(saved_cfg, c.path), _lookup(now_cfg, c.path)
         if saved is _MISSING or _same(saved, now):

@@ -120,6 +120,18 @@ def test_operational_options_may_change_on_resume(tmp_path, setup):
     assert res.resumed_from.name == "step-1" and res.step == 2
 
 
+def test_a_memory_knob_may_change_on_resume(tmp_path, setup):
+    # issue 45: --loss-chunk (rows of logits held at once) blocked --resume of train distill
+    from osprey_train.trainer.resume_check import RESUME_FREE
+
+    assert set(RESUME_FREE) == {"loss_chunk"}
+    store, drafter = setup
+    run(_cfg(tmp_path, drafter, store, max_steps=2, save_every=1))
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-2")
+    res = run(_cfg(tmp_path, drafter, store, max_steps=2, save_every=1, loss_chunk=7, resume=True))
+    assert res.resumed_from.name == "step-1" and res.step == 2
+
+
 def test_a_checkpoint_beyond_steps_is_refused(tmp_path, setup):
     store, drafter = setup
     run(_cfg(tmp_path, drafter, store, max_steps=2, save_every=1))
