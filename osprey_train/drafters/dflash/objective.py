@@ -18,8 +18,9 @@ The packed row is the engine layout of :mod:`osprey_train.ttt.layout` (slot ``p`
   store), the hard-label objective of the public DFlash trainers. ``--ttt-steps`` does not apply:
   every mask slot of the block is trained.
 
-The LM head runs ``loss_chunk`` rows at a time under activation checkpointing, so the
-``[rows, V]`` logits of all blocks are never held at once.
+Blocks go through the layers ``BLOCK_ROWS`` slots at a time and the LM head ``loss_chunk`` rows at
+a time, each under activation checkpointing, so neither the attention scores of all blocks nor
+their ``[rows, V]`` logits are ever held at once.
 
 Legend: N blocks, B block slots, P slots of the row, R scored rows, C chunk rows, D hidden, V vocabulary.
 """
@@ -36,7 +37,10 @@ from torch.utils.checkpoint import checkpoint
 from osprey_data.errors import ConfigError
 from osprey_train.drafters.dflash.arch import anchor_fraction_of
 
-__all__ = ["DFlashObjective", "row_blocks", "RowBlocks"]
+__all__ = ["DFlashObjective", "row_blocks", "RowBlocks", "BLOCK_ROWS"]
+
+BLOCK_ROWS = 512
+"""Block slots (blocks x block size) forwarded per checkpointed group in training."""
 
 
 class RowBlocks:
@@ -84,6 +88,7 @@ class DFlashObjective(nn.Module):
                               f"got {decay}")
         self.drafter = drafter
         self.decay, self.chunk_size = decay, chunk_size
+        self.blocks_per_group = max(1, BLOCK_ROWS // drafter.block_size)
         self.checkpoint_steps = False   # the layers are shallow; the LM head chunks are always checkpointed
 
     @classmethod
@@ -93,6 +98,11 @@ class DFlashObjective(nn.Module):
             raise ConfigError("distill --arch dflash trains on the stored response tokens (hard labels); "
                               "--target-dist full does not apply")
         return cls(drafter, decay=cfg.ttt_decay, chunk_size=cfg.loss_chunk)
+
+    def _group_hidden(self, anchor_ids_G: torch.Tensor, anchor_pos_G: torch.Tensor, allowed_GP: torch.Tensor,
+                      *flat_context: torch.Tensor) -> torch.Tensor:
+        context = list(zip(flat_context[0::2], flat_context[1::2]))
+        return self.drafter.block_hidden(anchor_ids_G, anchor_pos_G, self.drafter.block_size, context, allowed_GP)
 
     def draw_anchors(self, eligible_M: torch.Tensor) -> torch.Tensor:
         """``anchor_fraction`` of the eligible slots, drawn without replacement, sorted."""
@@ -117,19 +127,30 @@ class DFlashObjective(nn.Module):
                 continue
             blocks = row_blocks(self.draw_anchors(eligible), ids_P, doc_P, mask_P, block)
             context = drafter.context(batch.taps_BTLDt[row], batch.position_ids_BT[row])
-            hidden_NBD = drafter.block_hidden(ids_P[blocks.anchors_N], batch.position_ids_BT[row][blocks.anchors_N] + 1,
-                                              block, context, blocks.allowed_NP)
-            rows_RD = hidden_NBD[:, 1:][blocks.scored_NJ]
-            labels_R = blocks.labels_NJ[blocks.scored_NJ]
-            slot_R = torch.nonzero(blocks.scored_NJ)[:, 1]
-            for start in range(0, rows_RD.shape[0], self.chunk_size):
-                part = slice(start, start + self.chunk_size)
-                ce_C, argmax_C = checkpoint(_chunk_ce, rows_RD[part], labels_R[part], drafter.norm, drafter.lm_head,
-                                            use_reentrant=False)
-                total = total + (ce_C * weights_J[slot_R[part]]).sum()
-                correct_J += torch.bincount(slot_R[part][argmax_C == labels_R[part]].cpu(), minlength=block - 1).float()
-            weight_sum += float(weights_J[slot_R].sum())
-            scored_J += torch.bincount(slot_R.cpu(), minlength=block - 1).float()
+            flat_context = [t for kv in context for t in kv]
+            anchor_ids_N = ids_P[blocks.anchors_N]
+            anchor_pos_N = batch.position_ids_BT[row][blocks.anchors_N] + 1
+            # blocks a group at a time, each group recomputed in backward: the (blocks, heads, slots, context)
+            # scores of one group are alive at once, whatever the row's length and anchor count
+            for first in range(0, anchor_ids_N.shape[0], self.blocks_per_group):
+                group = slice(first, first + self.blocks_per_group)
+                scored_GJ = blocks.scored_NJ[group]
+                if not bool(scored_GJ.any()):
+                    continue
+                hidden_GBD = checkpoint(self._group_hidden, anchor_ids_N[group], anchor_pos_N[group],
+                                        blocks.allowed_NP[group], *flat_context, use_reentrant=False)
+                rows_RD = hidden_GBD[:, 1:][scored_GJ]
+                labels_R = blocks.labels_NJ[group][scored_GJ]
+                slot_R = torch.nonzero(scored_GJ)[:, 1]
+                for start in range(0, rows_RD.shape[0], self.chunk_size):
+                    part = slice(start, start + self.chunk_size)
+                    ce_C, argmax_C = checkpoint(_chunk_ce, rows_RD[part], labels_R[part], drafter.norm,
+                                                drafter.lm_head, use_reentrant=False)
+                    total = total + (ce_C * weights_J[slot_R[part]]).sum()
+                    correct_J += torch.bincount(slot_R[part][argmax_C == labels_R[part]].cpu(),
+                                                minlength=block - 1).float()
+                weight_sum += float(weights_J[slot_R].sum())
+                scored_J += torch.bincount(slot_R.cpu(), minlength=block - 1).float()
             anchors += int(blocks.anchors_N.numel())
         if weight_sum == 0:
             # no response position in this batch: a zero loss that still reaches every trainable weight

@@ -14,6 +14,9 @@ The drafters are made here, in a few CPU minutes, so that vLLM has something to 
   position, conditioning included, without a long distillation.
 - **EAGLE-3**: converted from a store of the shipped demo prompts with a 2048-token draft
   vocabulary (a ``d2t`` map) and distilled for a few dozen steps.
+- **DFlash**: converted from the same store with a block of 4 slots (3 drafts per round, vLLM's
+  ``num_speculative_tokens``) and distilled for a few dozen steps; served by vLLM's own
+  ``DFlashDraftModel`` (``method: dflash``), no class of ours in the engine.
 
 Agreement is exact: float32 on both sides, greedy, the same token ids in. A near-tie (two logits
 within float32 rounding of each other, computed by different kernels) could flip a draft; none
@@ -89,7 +92,15 @@ def setup(tmp_path_factory):
                                    optim=distill_optim(lr=3e-3),
                                    loop=LoopConfig(out_dir=work / "e3-run", max_steps=30, device="cpu",
                                                    progress=False, plot=False, log_every=10)))
-    return {"work": work, "target": target, "eval": eval_prompts, "osprey": osprey_dir, "eagle3": result.final_dir}
+    # DFlash: a block of 4 slots (the anchor and STEPS drafts, vLLM's num_speculative_tokens), briefly distilled
+    df_init = convert(ConvertConfig(arch="dflash", target=str(target), store=str(store), out=work / "df-init",
+                                    arch_option=(f"block_size={STEPS + 1}",))).out
+    dflash = distill(DistillConfig(drafter=df_init, store=str(store), tokens_per_batch=1024,
+                                   optim=distill_optim(lr=3e-3),
+                                   loop=LoopConfig(out_dir=work / "df-run", max_steps=40, device="cpu",
+                                                   progress=False, plot=False, log_every=10)))
+    return {"work": work, "target": target, "eval": eval_prompts, "osprey": osprey_dir, "eagle3": result.final_dir,
+            "dflash": dflash.final_dir}
 
 
 def _export(drafter: Path, out: Path) -> Path:
@@ -112,6 +123,13 @@ def _swap_tap_blocks(state: dict) -> None:
     w = state["w_c.weight"]
     width = w.shape[1] // 3
     state["w_c.weight"] = torch.cat([w[:, 2 * width:], w[:, width:2 * width], w[:, :width]], dim=1).contiguous()
+
+
+def _swap_fc_tap_blocks(state: dict) -> None:
+    """The DFlash export's ``fc`` reading its low and high taps in each other's place."""
+    w = state["fc.weight"]
+    width = w.shape[1] // 3
+    state["fc.weight"] = torch.cat([w[:, 2 * width:], w[:, width:2 * width], w[:, :width]], dim=1).contiguous()
 
 
 def _shift_d2t(state: dict) -> None:
@@ -147,3 +165,9 @@ def test_osprey_drafter_served_by_vllm_matches_offline_and_a_wrong_tap_order_is_
 
 def test_eagle3_drafter_served_by_vllm_matches_offline_and_a_wrong_d2t_is_caught(setup):
     _check(setup, "eagle3", _shift_d2t)
+
+
+def test_dflash_drafter_served_by_vllm_matches_offline_and_a_wrong_tap_order_is_caught(setup):
+    """vLLM's own DFlashDraftModel loads our export unchanged; its rounds and per-position accepted
+    counts equal our offline block walk prompt by prompt (float32), and swapped taps disagree."""
+    _check(setup, "dflash", _swap_fc_tap_blocks)
