@@ -36,6 +36,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -130,9 +131,10 @@ class BuildSummary:
 # --- header ---------------------------------------------------------------------------------
 
 
-def make_header(config: BuildConfig, backend: TargetBackend):
-    """The store header of this build: identity, taps, codec and the content-affecting config."""
-    identity = backend.identity
+def make_header(config: BuildConfig, backend: TargetBackend, identity: Any = None):
+    """The store header of this build: identity (default: the backend's), taps, codec and the
+    content-affecting config."""
+    identity = backend.identity if identity is None else identity
     if config.layers is not None:
         taps = _checked_layers(config.layers, identity.num_layers)
     else:
@@ -214,11 +216,27 @@ def _check_before_loading(config: BuildConfig, inputs: InputIndex) -> str:
     return verdict
 
 
-def _check_existing_store(config: BuildConfig, header: Any) -> None:
-    """Refuse to resume into a store built with other content settings, naming them."""
+def _same_local_target(old: Any, new: Any) -> bool:
+    """Whether two target identities differ only in how one local folder is spelled
+    (``work/llama`` vs ``./work/../work/llama`` vs its absolute path): same hashes, same folder."""
+    a, b = old.to_dict(), new.to_dict()
+    pa, pb = str(a.pop("name_or_path")), str(b.pop("name_or_path"))
+    if a != b or "://" in pa + pb:
+        return False
+    return pa == pb or (Path(pa).exists() and Path(pa).resolve() == Path(pb).resolve())
+
+
+def _check_existing_store(config: BuildConfig, header: Any, backend: TargetBackend | None = None) -> Any:
+    """Refuse to resume into a store built with other content settings, naming them; returns the
+    header to write with (with the store's own spelling of the target when this run names the same
+    local folder otherwise)."""
     old = _existing_header(config)
     if old is None or old == header:
-        return
+        return header
+    if backend is not None and old.target != header.target and _same_local_target(old.target, header.target):
+        header = make_header(config, backend, identity=old.target)
+        if old == header:
+            return header
     diffs = _setting_differences(old.build_config, header.build_config,
                                  set(old.build_config) | set(header.build_config))
     if old.target != header.target:
@@ -233,6 +251,7 @@ def _check_existing_store(config: BuildConfig, header: Any) -> None:
         if getattr(old, name) != getattr(header, name) and not any(name in d for d in diffs):
             diffs.append(f"{name} differs (store: {getattr(old, name)!r}, this run: {getattr(header, name)!r})")
     _refuse_mismatch(config, diffs)
+    return header
 
 
 # --- one batch ------------------------------------------------------------------------------
@@ -457,7 +476,7 @@ def _build(config: BuildConfig, backend: TargetBackend, inputs: InputIndex, verd
     if verdict == "replace":
         replace_output(config.out)
     else:
-        _check_existing_store(config, header)
+        header = _check_existing_store(config, header, backend)
     summary = BuildSummary(store=config.out, worker_index=config.worker_index, num_workers=config.num_workers,
                            load_s=time.perf_counter() - t0)
     skipped: Counter[str] = Counter()
