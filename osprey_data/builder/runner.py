@@ -42,6 +42,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from osprey_data.builder.backends import BACKENDS, GenerationRequest, SamplingParams, TargetBackend, request_seed
+from osprey_data.builder.backends.vllm import check_vllm_venv
 from osprey_data.builder.config import BuildConfig
 from osprey_data.builder.dialogue import Dialogue, combine_finish_reasons, plan_dialogue
 from osprey_data.builder.features import make_record, non_finite_reason
@@ -185,6 +186,8 @@ def _check_before_loading(config: BuildConfig, inputs: InputIndex) -> str:
     chat template's presence (for conversation inputs), and the content settings against an
     existing store. Returns :func:`check_output`'s verdict."""
     verdict = check_output(config.out, overwrite=config.overwrite)
+    if config.backend == "vllm":
+        check_vllm_venv()   # imports vLLM in its venv: a venv without it fails now, not at engine start
     shape = peek_model_config(config.target, config.gguf_file)
     if shape is not None and shape.num_layers is not None:
         if config.layers is not None:

@@ -56,7 +56,7 @@ from osprey_data.target_model import (check_target_exists, default_tap_layers, i
 if TYPE_CHECKING:  # pragma: no cover
     from osprey_data.builder.config import BuildConfig
 
-__all__ = ["VLLMBackend", "find_vllm_python", "vllm_available", "engine_env", "DRIVER", "VENV_ENV", "SAMPLING_REFUSED"]
+__all__ = ["VLLMBackend", "find_vllm_python", "check_vllm_venv", "vllm_available", "engine_env", "DRIVER", "VENV_ENV", "SAMPLING_REFUSED"]
 
 VENV_ENV = "OSPREY_VLLM_VENV"
 DEFAULT_VENV = ".venv-vllm"
@@ -80,6 +80,28 @@ def find_vllm_python(venv: str | os.PathLike | None = None) -> Path:
     if not python.is_file():
         raise BackendUnavailableError(f"--backend vllm needs vLLM's venv: {where} has no bin/python; create it with "
                                       f"`{_SETUP}` in the Osprey checkout, or set {VENV_ENV} to one")
+    return python
+
+
+def check_vllm_venv(venv: str | os.PathLike | None = None, *, timeout: float = 300.0) -> Path:
+    """The vLLM venv's interpreter, once ``import vllm`` has succeeded in it (a few seconds); else
+    :class:`BackendUnavailableError` naming the venv, the import's own error and the way out.
+
+    ``osprey data build --backend vllm`` runs it before the target loads: a venv without vLLM (or
+    with a vLLM that cannot import) would otherwise pass and fail only at engine start."""
+    python = find_vllm_python(venv)
+    where = python.parent.parent
+    try:
+        probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True,
+                               timeout=timeout, env=_clean_env({}))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendUnavailableError(f"--backend vllm: could not run {python} to import vLLM ({exc}); repair the "
+                                      f"venv with `{_SETUP}`, or set {VENV_ENV} to a working one") from None
+    if probe.returncode != 0:
+        lines = [x.strip() for x in (probe.stderr or probe.stdout).splitlines() if x.strip()]
+        cause = lines[-1] if lines else f"exit status {probe.returncode}"
+        raise BackendUnavailableError(f"--backend vllm: `import vllm` fails in the venv {where} ({cause}); install "
+                                      f"vLLM there with `{_SETUP}`, or set {VENV_ENV} to a venv that has it")
     return python
 
 

@@ -126,6 +126,30 @@ def test_venv_without_vllm_fails_at_start_with_the_driver_error(tiny_llama_dir, 
     shutil.rmtree(os.path.dirname(log))  # kept for the user on failure; this test's own is done
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="needs an interpreter without vLLM")
+def test_a_venv_without_vllm_is_refused_before_the_target_loads(tiny_llama_dir, monkeypatch, tmp_path):
+    """Issue #45 item 11: the pre-check only looked for bin/python, so a venv lacking vLLM passed
+    and the build failed at engine start, after loading the target. It now imports vLLM there."""
+    import json
+
+    from osprey_data.builder.backends import vllm as vllm_backend
+    from osprey_data.builder.runner import run as build
+
+    venv = tmp_path / "venv"
+    venv_over_ours(venv)
+    monkeypatch.setenv("OSPREY_VLLM_VENV", str(venv))
+    with pytest.raises(BackendUnavailableError, match=rf"`import vllm` fails in the venv {venv} \(ModuleNotFound"
+                                                      r"Error: No module named 'vllm'\); install vLLM there"):
+        vllm_backend.check_vllm_venv()
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text(json.dumps({"id": "a", "conversations": [{"role": "user", "content": "hi"}]}) + "\n")
+    monkeypatch.setattr(vllm_backend, "_load_meta_identity", lambda *a: pytest.fail("the target must not load"))
+    with pytest.raises(BackendUnavailableError, match="No module named 'vllm'"):
+        build(BuildConfig(target=str(tiny_llama_dir), inputs=(str(inputs),), out=str(tmp_path / "store"),
+                          backend="vllm", device="cpu", dtype="float32", progress=False))
+    assert not (tmp_path / "store").exists()
+
+
 def test_engine_env_and_log_cause(tmp_path):
     py = tmp_path / "venv" / "bin" / "python"
     (tmp_path / "venv" / "lib").mkdir(parents=True)
