@@ -90,8 +90,9 @@ class PositionAcceptance:
     """Prior acceptance at position 1 (later positions: the estimate of the one before): 0.5, an
     agnostic start that makes a first round draft wherever a 50 % drafter would pay, and is
     overturned after a few rounds of evidence."""
-    prior_strength: float = 2.0
-    """Pseudo-observations of the prior (2: the uniform Beta(1, 1) at mean 0.5)."""
+    prior_strength: float = 1.0
+    """Pseudo-observations of the prior (1: Jeffreys' Beta(0.5, 0.5) at mean 0.5, which a few rounds
+    overturn: four rejections in a row bring position 1 to 0.1)."""
     decay: float = 0.99
     """Each new observation at a position first scales that position's evidence by this factor,
     so the estimate follows a drafter whose acceptance changes (another domain, a long answer):
@@ -137,8 +138,9 @@ class DraftLengthPolicy:
     """Step costs, in plain decode steps."""
     max_steps: int
     """The most drafts a round may have (the drafter's maximum: ``--max-steps``)."""
-    probe_after: int = 4
-    """Plain rounds in a row before a probe round drafts anyway."""
+    probe_after: int = 8
+    """Plain rounds in a row before a probe round drafts anyway (then 16, 32, ...: short answers pay
+    few probes)."""
     probe_max: int = 256
     """The longest wait between probes (the wait doubles after every probe that changes nothing)."""
     acceptance: PositionAcceptance | None = None

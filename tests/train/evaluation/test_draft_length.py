@@ -106,7 +106,8 @@ def test_auto_drafts_for_an_oracle(tiny_llama):
                                max_new_tokens=n, policy=policy)
     assert out.output_ids == reference
     # from the prior it lengthens the chain as the drafts keep being accepted, up to the maximum
-    assert 0 not in out.drafted and out.drafted[:3] == [2, 3, 4] and out.drafted.count(4) >= len(out.drafted) - 3
+    # (the last round has one token of budget left: no draft could be emitted, so it drafts none)
+    assert 0 < out.drafted[0] < 4 and all(d == 4 for d in out.drafted[2:-1]) and out.drafted[-1] in (0, 4)
     assert out.accepted == out.drafted
 
 
