@@ -88,6 +88,13 @@ def _run(config: LiveConfig) -> LiveReport:
     if config.tree is None:   # the architecture's live session (the chain one for EAGLE-3 and Osprey)
         session = drafter_spec(drafter.config.arch).load("live_session")(drafter, target_vocab_size=vocab,
                                                                           tap_codec=config.tap_codec)
+        # a session that drafts at most so many per round (a block drafter: its mask slots) bounds S
+        limit = getattr(session, "max_draft_steps", None)
+        if limit is not None and steps > limit:
+            if not config.auto_steps:
+                raise ConfigError(f"live: --steps {steps} exceeds what the {drafter.config.arch!r} drafter drafts per "
+                                  f"round ({limit}); use --steps {limit} or fewer")
+            steps = limit   # --steps auto chooses S in 0 .. min(--max-steps, the drafter's own maximum)
     else:
         require_tree_drafting(drafter, "live --tree")
         check_tree_target(target)

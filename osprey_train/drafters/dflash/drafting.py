@@ -72,6 +72,11 @@ class DFlashSession:
                              f"{vocab}")
         self.reset()
 
+    @property
+    def max_draft_steps(self) -> int:
+        """The most drafts a round can have: the trained block's mask slots (``osprey eval live`` bounds S by it)."""
+        return self.drafter.block_size - 1
+
     def reset(self) -> None:
         self.context: list[tuple[torch.Tensor, torch.Tensor]] = []   # per layer (k_HkPd, v_HkPd)
         self.length = 0   # context positions cached: 0 .. length - 1

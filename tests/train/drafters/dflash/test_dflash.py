@@ -227,6 +227,14 @@ def test_live_decoding_with_it_is_lossless(trained, tiny_llama_dir, tmp_path):
                              max_new_tokens=12, device="cpu", allow_target_mismatch=True, precision="float32"))
     assert report.num_prompts == 2
     assert all(s["identical"] for s in report.samples), report.samples
+    # --steps auto chooses S up to the block's 3 mask slots, not --max-steps' 5; a fixed S above them is refused
+    auto = live(LiveConfig(drafter=str(final), target=str(tiny_llama_dir), inputs=str(prompts), max_steps=5,
+                           max_new_tokens=12, device="cpu", allow_target_mismatch=True, precision="float32",
+                           cost="draft_step=0.01,verify_scale=0.01,round_overhead=0"))
+    assert all(s["identical"] for s in auto.samples), auto.samples
+    with pytest.raises(ConfigError, match="exceeds what the 'dflash' drafter drafts per round"):
+        live(LiveConfig(drafter=str(final), target=str(tiny_llama_dir), inputs=str(prompts), steps=5,
+                        max_new_tokens=12, device="cpu", allow_target_mismatch=True, precision="float32"))
 
 
 def test_blocks_in_checkpointed_groups_give_the_loss_and_gradients_of_one_group():
