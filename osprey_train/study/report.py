@@ -388,9 +388,11 @@ def _generated(store: dict) -> str:
 def _setup(results: dict) -> list[str]:
     s = results["settings"]
     st, ds, pt = s["stores"], s["distill"], s["pretrain"]
-    lines = ["## Setup", "", f"- Target: `{results['target']}`; Osprey source: "
-             f"`{results['source'] if results['source'] != 'target' else results['target']}`, pruned to "
-             f"{s['prune']['layers']} blocks."]
+    source = results['source'] if results['source'] != 'target' else results['target']
+    # a study without an Osprey arm prunes nothing: its settings have no [prune] table
+    pruned = f"; Osprey source: `{source}`, pruned to {s['prune']['layers']} blocks" if "prune" in s else \
+        " (no arm prunes a source model)"
+    lines = ["## Setup", "", f"- Target: `{results['target']}`{pruned}."]
     for d in results["domains"]:
         train = results["stores"].get(f"{d['name']}/train/regenerated", {})
         ev = results["stores"].get(f"{d['name']}/eval/regenerated", {})
@@ -404,7 +406,7 @@ def _setup(results: dict) -> list[str]:
               f"- Distillation: {ds['steps']} steps x {ds['tokens_per_batch'] * ds['grad_accum']} slots, TTT K = "
               f"{ds['ttt_steps']} (decay {ds['ttt_decay']}), lr {ds['lr']:g} x the arm's scale, warmup "
               f"{ds['warmup_ratio']:g}, cosine; draft vocabulary "
-              f"{ds['draft_vocab'] or 'full (Osprey) / 32000 (EAGLE-3)'} for both architectures.",
+              f"{ds['draft_vocab'] or 'the architecture default (full for Osprey and DFlash, 32000 for EAGLE-3)'}.",
               _stage2_line(results, pt), ""]
     return lines
 

@@ -28,3 +28,33 @@ def test_a_study_without_stage2_reports_none_instead_of_the_pretrain_defaults(tm
     setup = readme.split("## Setup", 1)[1].split("\n## ", 1)[0]
     assert "- Stage 2: none (no arm of this study pretrains on generic text)." in setup, setup
     assert " on , lr" not in readme and "tokens) on" not in setup, setup
+
+
+def test_a_study_of_dflash_against_eagle3_runs_and_reports_without_a_pruned_source(tmp_path, tiny_llama_dir):
+    """No arm prunes a source (no [prune] table in the settings): the block drafter's study still runs
+    through every stage and the report says what ran."""
+    path = write_tiny_study(tmp_path / "spec", tiny_llama_dir)
+    text = _cut(path.read_text(), '[corpus]\nfiles = ["data/corpus.jsonl"]\n')
+    text = _cut(text, "draft_vocab = 128\n")
+    start, end = text.index("[prune]"), text.index("[distill]")
+    text = text[:start] + text[end:]
+    start, end = text.index("[[arms]]"), text.index("{extra}") if "{extra}" in text else len(text)
+    text = text[:start] + '''[[arms]]
+name = "eagle3"
+arch = "eagle3"
+stage2 = "none"
+distill = { draft_vocab = 128 }
+
+[[arms]]
+name = "dflash"
+arch = "dflash"
+stage2 = "none"
+'''
+    path.write_text(text)
+    cfg = load_study(path)
+    run(StudyRunConfig(study=cfg, out=tmp_path / "out", progress=False))
+    readme = (report(ReportConfig(study=cfg, out=tmp_path / "out")).dir / "README.md").read_text()
+    setup = readme.split("## Setup", 1)[1].split("\n## ", 1)[0]
+    assert "(no arm prunes a source model)" in setup, setup
+    headline = readme.split("## Headline", 1)[1].split("\n## ", 1)[0]
+    assert "| `dflash` |" in headline and "| `eagle3` |" in headline, headline
