@@ -94,7 +94,7 @@ def setup(tmp_path_factory):
                                                    progress=False, plot=False, log_every=10)))
     # DFlash: a block of 4 slots (the anchor and STEPS drafts, vLLM's num_speculative_tokens), briefly distilled
     df_init = convert(ConvertConfig(arch="dflash", target=str(target), store=str(store), out=work / "df-init",
-                                    arch_option=(f"block_size={STEPS + 1}",))).out
+                                    arch_option=(f"block_size={STEPS + 1}", "anchor_fraction=1.0"))).out
     dflash = distill(DistillConfig(drafter=df_init, store=str(store), tokens_per_batch=1024,
                                    optim=distill_optim(lr=3e-3),
                                    loop=LoopConfig(out_dir=work / "df-run", max_steps=40, device="cpu",
