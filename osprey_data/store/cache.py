@@ -35,6 +35,7 @@ get the rest of a shard in bulk after its first sample.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
@@ -111,6 +112,10 @@ def _tree_bytes(top: str) -> int:
     return total
 
 
+_MIN_DERIVED_BYTES = 1 << 20
+"""Below this, a size limit derived from a full disk is no cache (only ``source.txt`` fits)."""
+
+
 def _cache_size_limit() -> int | None:
     env = os.environ.get(CACHE_MAX_ENV)
     if not env:
@@ -153,8 +158,13 @@ class ShardFileCache:
         source = self.dir / "source.txt"
         if not source.exists():
             source.write_text(store_url + "\n", encoding="utf-8")
-        if max_bytes is None:
-            max_bytes = shutil.disk_usage(self.dir).free // 2 + self._scan()
+        if max_bytes is None:   # no limit set: half the free space (plus what is cached already)
+            share = shutil.disk_usage(self.dir).free // 2
+            max_bytes = share + self._scan()
+            if share <= 0 and max_bytes < _MIN_DERIVED_BYTES:
+                # a full disk, not a limit anyone set (and too little cached to be of use): read uncached
+                raise OSError(errno.ENOSPC, f"no free space for a store cache in {self.dir} (no "
+                                            f"{CACHE_MAX_ENV} set, and half the free space is 0 bytes)")
         if max_bytes <= 0:
             raise ConfigError(f"store cache size limit must be positive, got {max_bytes} bytes")
         self.max_bytes = int(max_bytes)

@@ -88,6 +88,14 @@ class WorkerLock:
             f"two writers with the same worker index would delete each other's unfinished shards. Wait for it "
             f"to finish or stop it, or give this run another --worker-index")
 
+    def _damaged(self, raw: bytes) -> WorkerBusyError:
+        shown = raw[:40].decode("utf-8", "replace")
+        return WorkerBusyError(
+            f"{self.fs.where(self.rel)}: the lock object of worker {self.worker} is damaged (it holds {shown!r}, not "
+            f"the JSON owner record a writer leaves: pid, host, since), so its owner is unknown. If no writer of "
+            f"worker {self.worker} is running, delete that object and run again; otherwise give this run another "
+            f"--worker-index")
+
     def acquire(self) -> None:
         if self.fs.is_local and fcntl is not None:
             self._acquire_flock()
@@ -125,7 +133,10 @@ class WorkerLock:
                 self.fs.write_atomic(self.rel, json.dumps(_owner()).encode(), create_only=True)
                 return
             except FileExistsError:
-                owner = _parse(self.fs.read_bytes(self.rel)) if self.fs.exists(self.rel) else None
+                raw = self.fs.read_bytes(self.rel) if self.fs.exists(self.rel) else None
+                owner = _parse(raw) if raw is not None else None
+                if raw is not None and (owner is None or not {"pid", "host"} <= set(owner)):
+                    raise self._damaged(raw) from None
             same_host = owner is not None and owner.get("host") == socket.gethostname()
             if not (same_host and isinstance(owner.get("pid"), int) and not _pid_alive(owner["pid"])):
                 raise self._busy(owner)
