@@ -35,12 +35,13 @@ from osprey_data.atomic import write_json
 from osprey_data.cpu_threads import machine_load
 from osprey_data.target_model import resolve_device
 from osprey_train.demo.config import DemoConfig
-from osprey_train.demo.outputs import publish_outputs
+from osprey_train.demo.outputs import STABLE_NAMES, publish_outputs
 from osprey_train.demo.report import write_report
 from osprey_train.study.config import (PYPI_SMOLLM2, ArmSection, DistillSection, DomainSection, EvalSection,
                                        LiveSection, ModelSection, PruneSection, StoresSection, StudyConfig,
                                        StudySection)
 from osprey_train.study.prompts import split_prompts
+from osprey_train.study.published import check_publishable
 from osprey_train.study.stages import output_path
 from osprey_train.study.runner import StudyRunConfig, read_record, stage_dir
 from osprey_train.study.runner import run as run_study
@@ -112,6 +113,7 @@ def _timings(out: Path, plan) -> dict[str, float]:
 def run(cfg: DemoConfig) -> DemoResult:
     """Run (or continue) every stage and write the report; returns where it went and the figures."""
     t0 = time.perf_counter()
+    check_publishable(cfg.out, STABLE_NAMES)   # a user's own file at OUT/drafter, ...: refused before any stage
     load_before, cores = machine_load()
     busy = busy_warning(load_before, cores, quick=cfg.quick)
     if busy is not None and cfg.progress:

@@ -112,3 +112,18 @@ def test_demo_config_checks():
         DemoConfig(train_prompts=0)
     with pytest.raises(ConfigError, match="prompt file"):
         DemoConfig(prompts="/nonexistent/prompts.jsonl")
+
+
+def test_a_users_own_file_at_a_published_name_is_refused_before_any_stage(tmp_path, tiny_llama_dir, monkeypatch):
+    """Issue #45 item 9: OUT/drafter holding the user's own folder stops the demo at once, not after its stages."""
+    import osprey_train.demo.pipeline as pipeline
+
+    out = tmp_path / "demo"
+    (out / "drafter").mkdir(parents=True)
+    (out / "drafter" / "mine.txt").write_text("keep me", encoding="utf-8")
+    monkeypatch.setattr(pipeline, "run_study", lambda *a, **k: pytest.fail("a stage ran before the refusal"))
+    cfg = DemoConfig(out=out, quick=True, target=str(tiny_llama_dir), source=str(tiny_llama_dir), device="cpu",
+                     progress=False)
+    with pytest.raises(ConfigError, match="drafter"):
+        run(cfg)
+    assert (out / "drafter" / "mine.txt").read_text(encoding="utf-8") == "keep me"
