@@ -244,5 +244,5 @@ def test_presets_resolve_by_name_from_the_installed_wheel(installed, tmp_path):
                            str(tmp_path / "c")], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
-    assert "site-packages" in lines[0] and "chat.train.jsonl does not exist" in lines[0], lines[0]
+    assert "chat.train.jsonl does not exist" in lines[0] and "cp " in lines[0], lines[0]
     assert "prompts of this study are not shipped with Osprey" in lines[0], lines[0]

@@ -433,8 +433,9 @@ class StudyConfig:
             if self.path is not None and is_installed_preset(self.path):
                 # an installed preset: its relative data paths point into site-packages, where no data is;
                 # say so in one short line instead of the long site-packages path and the data note
-                raise ConfigError(f"study preset {Path(self.path).stem}: it reads data that does not ship with "
-                                  f"Osprey ({self.study.summary or 'see its [study] data note'}); copy it "
+                missing = str(exc).split(" does not exist", 1)[0].rsplit("/", 1)[-1]
+                raise ConfigError(f"study preset {Path(self.path).stem}: {missing} does not exist: the prompts of "
+                                  f"this study are not shipped with Osprey ({self.study.summary or 'see its [study] data note'}); copy it "
                                   f"(cp {self.path} my-study.toml), point its prompt paths at your files, and run "
                                   "osprey study run my-study.toml") from None
             note = f"; {self.study.data}" if self.study.data else ""
