@@ -26,7 +26,7 @@ from osprey_train.models.config import DrafterConfig
 
 __all__ = [
     "RMSNorm", "RotaryEmbedding", "rope_inv_freq", "apply_rotary", "ConditionedAttention", "SwiGLUMLP",
-    "ROPE_INIT",
+    "ROPE_INIT", "normal_init",
 ]
 
 
@@ -224,3 +224,16 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def normal_init(model: nn.Module, std: float = 0.02) -> None:
+    """Random init of a drafter made of these blocks: linears and embeddings normal(0, std), norms 1
+    (biases untouched; convert overwrites what it copies from the target or a backbone)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, nn.Embedding):
+            with torch.no_grad():
+                module.weight.normal_(std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)

@@ -35,7 +35,7 @@ from osprey_train.drafters.dflash.arch import block_size_of, mask_token_of
 from osprey_train.models.attention import AttentionBackend, repeat_kv
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
-from osprey_train.models.layers import RMSNorm, RotaryEmbedding, SwiGLUMLP, apply_rotary
+from osprey_train.models.layers import RMSNorm, RotaryEmbedding, SwiGLUMLP, normal_init, apply_rotary
 
 __all__ = ["DFlashDrafter", "DFlashLayer", "DFlashAttention", "LayerContext"]
 
@@ -137,14 +137,7 @@ class DFlashDrafter(Drafter):
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """Random init of everything (convert overwrites the embedding and the head from the target)."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, nn.Embedding):
-                with torch.no_grad():
-                    module.weight.normal_(std=std)
-            elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+        normal_init(self, std)
 
     def taps_projection(self) -> nn.Linear:
         return self.fc

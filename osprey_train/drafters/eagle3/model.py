@@ -29,7 +29,7 @@ from torch import nn
 from osprey_train.models.attention import AttentionBackend
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
-from osprey_train.models.layers import ConditionedAttention, RMSNorm, RotaryEmbedding, SwiGLUMLP
+from osprey_train.models.layers import ConditionedAttention, RMSNorm, RotaryEmbedding, SwiGLUMLP, normal_init
 
 __all__ = ["Eagle3Drafter", "Eagle3Layer", "PlainDecoderLayer"]
 
@@ -89,14 +89,7 @@ class Eagle3Drafter(Drafter):
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """Random init of everything (the embedding is overwritten from the target by convert)."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, nn.Embedding):
-                with torch.no_grad():
-                    module.weight.normal_(std=std)
-            elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+        normal_init(self, std)
 
     def taps_projection(self) -> nn.Linear:
         return self.fc
