@@ -49,7 +49,8 @@ def draft_all_positions(drafter, token_ids_T: torch.Tensor, hidden_TLDt: torch.T
     token_ids_T = token_ids_T.to(device)
     hidden_TLDt = hidden_TLDt.to(device)
     anchors = torch.arange(1, int(token_ids_T.shape[0]), device=device)
-    rows = [drafter.block_logits(token_ids_T, hidden_TLDt, anchors[i:i + ANCHOR_CHUNK], 1 + steps).argmax(-1)
+    context = drafter.sequence_context(token_ids_T, hidden_TLDt)   # once: every chunk of blocks reads it
+    rows = [drafter.context_block_logits(token_ids_T, context, anchors[i:i + ANCHOR_CHUNK], 1 + steps).argmax(-1)
             for i in range(0, anchors.numel(), ANCHOR_CHUNK)]
     if not rows:
         return torch.zeros(0, steps, dtype=torch.long, device=device)

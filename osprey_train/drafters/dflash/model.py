@@ -183,9 +183,21 @@ class DFlashDrafter(Drafter):
                      slots: int) -> torch.Tensor:
         """Logits ``(N, slots - 1, V)`` of the mask slots of the blocks anchored at positions ``anchors_N``
         of one sequence (context: the taps of positions ``0 .. anchor - 1``), as a live round drafts them."""
+        return self.context_block_logits(token_ids_T, self.sequence_context(token_ids_T, hidden_TLDt), anchors_N,
+                                         slots)
+
+    def sequence_context(self, token_ids_T: torch.Tensor, hidden_TLDt: torch.Tensor) -> list[LayerContext]:
+        """Every layer's context keys and values over all positions of one sequence."""
         positions = int(token_ids_T.shape[0])
-        context = self.context(hidden_TLDt[:positions].to(self.fc.weight.dtype),
-                               torch.arange(positions, device=token_ids_T.device))
+        return self.context(hidden_TLDt[:positions].to(self.fc.weight.dtype),
+                            torch.arange(positions, device=token_ids_T.device))
+
+    @torch.no_grad()
+    def context_block_logits(self, token_ids_T: torch.Tensor, context: list[LayerContext], anchors_N: torch.Tensor,
+                             slots: int) -> torch.Tensor:
+        """:meth:`block_logits` over a context already computed (:meth:`sequence_context`): blocks see the
+        positions before their anchor."""
+        positions = int(token_ids_T.shape[0])
         allowed_NP = torch.arange(positions, device=token_ids_T.device)[None] < anchors_N[:, None]
         hidden = self.block_hidden(token_ids_T[anchors_N].long(), anchors_N, slots, context, allowed_NP)
         return self.logits(hidden[:, 1:]).float()
