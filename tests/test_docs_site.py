@@ -228,3 +228,27 @@ def test_schemas_page_includes_every_schema():
     included = set(re.findall(r'--8<-- "schemas/([^"]+\.json)"', page))
     on_disk = {p.name for p in (ROOT / "schemas").glob("*.json")}
     assert on_disk == included, f"docs/schemas.md lacks {sorted(on_disk - included)}, names missing {sorted(included - on_disk)}"
+
+
+def code_lines(markdown: str) -> list[str]:
+    """The lines inside fenced code blocks."""
+    inside, lines = False, []
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        elif inside:
+            lines.append(line)
+    return lines
+
+
+def test_architecture_diagrams_fit_the_page():
+    """Issue 48: the file tree was cut at the right of a 1,400 px window; 100 columns fit."""
+    wide = [line for line in code_lines((DOCS / "architecture.md").read_text(encoding="utf-8")) if len(line) > 100]
+    assert not wide, f"architecture.md code lines over 100 columns: {wide[:3]}"
+    assert code_lines("a\n```\nx\n```\nb\n  ```text\ny\n  ```\n") == ["x", "y"]
+
+
+def test_home_page_links_read_as_titles():
+    """Issue 48: the home page's links show page titles, not file names."""
+    texts = re.findall(r"\[([^\]]+)\]\([^)]+\)", (DOCS / "index.md").read_text(encoding="utf-8"))
+    assert texts and not [t for t in texts if re.search(r"\.md\b|/", t)], texts

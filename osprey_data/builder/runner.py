@@ -49,6 +49,7 @@ from osprey_data.builder.features import make_record, non_finite_reason
 from osprey_data.builder.input_index import InputIndex, index_inputs, stream_batches
 from osprey_data.builder.output import check_output, replace_output
 from osprey_data.cpu_threads import note_to_stderr, torch_threads
+from osprey_data.conversation.template_markers import describe_markers, find_markers, special_markers
 from osprey_data.conversation import (ChatRenderer, InputSample, RenderedSample, read_chat_template,
                                       use_chat_template)
 from osprey_data.errors import (InputError, Interrupted, ManifestMismatchError, ModelError,
@@ -74,6 +75,9 @@ SEQUENCE_LAYOUT = "prompt+generated-ids"
 # Reasons a sample is not written (summary keys, prefixes of errors-file reasons).
 SKIP_REASONS = ("input_error", "too_long", "non_finite")
 
+# Samples with chat-template markers warned about by name; the rest are counted in the summary.
+_MARKER_WARNINGS_SHOWN = 5
+
 
 @dataclass
 class BuildSummary:
@@ -92,6 +96,9 @@ class BuildSummary:
     """Samples an earlier run already reported in the errors file (not retried)."""
     truncated: int = 0
     """Written samples cut to ``max_length``."""
+    template_markers: int = 0
+    """Samples of this run whose input content holds a chat-template marker (each warned about
+    on stderr, the first few by name; see ``osprey_data.conversation.template_markers``)."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Reason -> samples not written (each also in the store's errors file)."""
     bytes_per_token: float | None = None
@@ -120,7 +127,9 @@ class BuildSummary:
         return (f"built {self.store}{worker}: {self.samples_written} samples written, "
                 f"{self.tokens_written} tokens ({self.generated_tokens} generated), {self.already_done} already done"
                 f"{f' ({self.already_skipped} skipped before)' if self.already_skipped else ''}, "
-                f"{self.truncated} truncated, skipped: {skipped}; {bpt} bytes/token; "
+                f"{self.truncated} truncated, skipped: {skipped}; "
+                f"{f'{self.template_markers} with chat-template markers in their content (see the warnings); ' if self.template_markers else ''}"
+                f"{bpt} bytes/token; "
                 f"{self.wall_s:.1f} s wall, {self.load_s:.1f} s loading; {self.samples_per_s:.2f} samples/s, "
                 f"{self.tokens_per_s:.1f} tokens/s")
 
@@ -313,6 +322,9 @@ class _BatchProcessor:
         self.config, self.backend, self.renderer, self.header = config, backend, renderer, header
         self.progress = progress
         self.generated_tokens = 0
+        self.markers = special_markers(backend.tokenizer)
+        self.marker_warnings: dict[str, str] = {}
+        """Sample id -> warning line, for the samples of the last batch whose content holds a marker."""
         self.params = SamplingParams(max_new_tokens=config.max_new_tokens,
                                      temperature=config.temperature, top_p=config.top_p)
 
@@ -402,7 +414,11 @@ class _BatchProcessor:
         cfg = self.config
         dialogues: list[Dialogue] = []
         results: dict[int, tuple[Any, str | None]] = {}
+        self.marker_warnings = {}
         for k, s in enumerate(samples):
+            found = [] if s.is_text else find_markers(s.conversation, self.markers)
+            if found:  # pre-formatted text is templated on purpose; a conversation is not
+                self.marker_warnings[s.sample_id] = describe_markers(f"{s.file}:{s.line} (sample {s.sample_id!r})", found)
             try:
                 dialogues.append(plan_dialogue(s, regenerate=cfg.regenerate, last_turn_only=cfg.last_turn_only))
             except InputError as exc:
@@ -529,6 +545,10 @@ def _build(config: BuildConfig, backend: TargetBackend, inputs: InputIndex, verd
                     for s, record, reason in results:
                         if s.sample_id in done:
                             continue  # committed by an earlier run; recomputed only for batch identity
+                        if s.sample_id in processor.marker_warnings:
+                            summary.template_markers += 1
+                            if summary.template_markers <= _MARKER_WARNINGS_SHOWN:
+                                note_to_stderr(processor.marker_warnings[s.sample_id])
                         if record is not None:
                             writer.add(record)
                             summary.samples_written += 1
