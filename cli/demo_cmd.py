@@ -27,13 +27,16 @@ __all__ = ["demo"]
 @click.option("--draft-steps", type=int, default=None, help="Draft steps S per verify step (preset default).")
 @click.option("--live-steps", default="auto", show_default=True,
               help="Draft length of the live run: 'auto' (chosen per round, 0 = a plain step) or a fixed S.")
-@click.option("--lr", type=float, default=None, help="Distillation learning rate (default 5e-4).")
+@click.option("--draft-vocab", type=int, default=None,
+              help="Draft vocabulary: the N most frequent target tokens of the training store (preset default).")
+@click.option("--lr", type=float, default=None, help="Distillation learning rate (default 3e-3).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's, or 1 on a machine whose load exceeds 1.5x its cores).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random part.")
 def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, source: str | None,
          prompts: str | None, device: str, cache: str | None, train_prompts: int | None,
          eval_prompts: int | None, max_new_tokens: int | None, prune_layers: int | None,
-         distill_steps: int | None, draft_steps: int | None, live_steps: str, lr: float | None,
+         distill_steps: int | None, draft_steps: int | None, draft_vocab: int | None, live_steps: str,
+         lr: float | None,
          threads: int | None, seed: int) -> None:
     """Fetch a small target, build stores, prune/convert/distill a drafter, evaluate offline and live.
 
@@ -49,7 +52,8 @@ def demo(quick: bool, out: Path, target: str | None, gguf_file: str | None, sour
     result = run(DemoConfig(out=out, quick=quick, target=target, gguf_file=gguf_file, source=source,
                             prompts=prompts, device=device, cache=cache, train_prompts=train_prompts,
                             eval_prompts=eval_prompts, max_new_tokens=max_new_tokens, prune_layers=prune_layers,
-                            distill_steps=distill_steps, draft_steps=draft_steps, live_steps=live_steps,
+                            distill_steps=distill_steps, draft_steps=draft_steps, draft_vocab=draft_vocab,
+                            live_steps=live_steps,
                             threads=threads, seed=seed,
                             **({} if lr is None else {"lr": lr})))
     s = result.summary

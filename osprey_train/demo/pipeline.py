@@ -33,7 +33,7 @@ from typing import Any
 
 from osprey_data.atomic import write_json
 from osprey_data.cpu_threads import machine_load
-from osprey_data.target_model import resolve_device
+from osprey_data.target_model import peek_model_config, resolve_device
 from osprey_train.demo.config import DemoConfig
 from osprey_train.demo.outputs import STABLE_NAMES, publish_outputs
 from osprey_train.demo.report import write_report
@@ -77,6 +77,10 @@ def demo_study(cfg: DemoConfig) -> StudyConfig:
     """The study the demo runs: one domain (the prompt file split into train / held-out), one
     Osprey arm pruned from the source without Stage 2, no learning curve, a live run at the end."""
     sizes = cfg.sizes
+    draft_vocab = sizes["draft_vocab"]
+    shape = peek_model_config(cfg.target, cfg.gguf_file) if cfg.target else None
+    if shape is not None and shape.vocab_size is not None:   # a smaller target: its whole vocabulary
+        draft_vocab = min(draft_vocab, shape.vocab_size)
     prompts = Path(cfg.prompts or shipped_prompts()).resolve()
     return StudyConfig(
         study=StudySection(name="demo", description="osprey demo", device=cfg.device,
@@ -84,13 +88,13 @@ def demo_study(cfg: DemoConfig) -> StudyConfig:
         target=ModelSection(model=cfg.target or PYPI_SMOLLM2, gguf_file=cfg.gguf_file),
         source=ModelSection(model=cfg.source or "target"),
         stores=StoresSection(max_new_tokens=sizes["max_new_tokens"], topk=32, max_length=1024, last_turn_only=False,
-                             batch_size=8),
+                             batch_size=32),
         domains=[DomainSection(name=DOMAIN, train=prompts, eval=None, train_samples=sizes["train_prompts"],
                                eval_samples=sizes["eval_prompts"])],
         prune=PruneSection(layers=sizes["prune_layers"]),
         distill=DistillSection(steps=sizes["distill_steps"], tokens_per_batch=sizes["tokens_per_batch"], lr=cfg.lr,
                                warmup_ratio=0.1, ttt_steps=sizes["ttt_steps"], eval_every=0,
-                               save_every=max(1, sizes["distill_steps"] // 5)),
+                               save_every=max(1, sizes["distill_steps"] // 5), draft_vocab=draft_vocab),
         eval=EvalSection(draft_steps=sizes["draft_steps"], converted=True),
         arms=[ArmSection(name=ARM, arch="osprey", stage2="none", seeds=[cfg.seed])],
         live=LiveSection(arm=ARM, domain=DOMAIN, seed=cfg.seed, prompts=sizes["eval_prompts"],

@@ -149,7 +149,7 @@ def limits_sentence(summary: dict[str, Any]) -> str:
     if speedup is not None and speedup < 1:
         speed = (f"and speculative decoding ran at x{speedup:.2f} of the target alone because, next to a target "
                  f"this small on {summary['device']}, a draft step costs a large part of a target step (the "
-                 f"output head over the whole vocabulary and the per-call overhead are paid by both), so the "
+                 f"output head and the per-call overhead are paid by both), so the "
                  f"speedup needs a target much larger than its drafter")
     else:
         speed = f"and the speed figure (x{_fmt(speedup, 2)}) comes from a few short responses on a shared machine"

@@ -37,7 +37,8 @@ def draft_length_line(draft_length: dict[str, Any] | None, speedup: float | None
     cost = draft_length.get("cost", {})
     source = cost.get("source") or cost.get("device") or "?"
     return (f"Draft length: auto (S = 0..{draft_length['max_steps']}, 0 = a plain step; costs {source}): "
-            f"{used or 'no rounds'} of {sum(rounds.values())} rounds ({draft_length.get('probes', 0)} probes); "
+            f"{used or 'no rounds'} of {sum(rounds.values())} rounds ({draft_length.get('probes', 0)} probes, "
+            f"{draft_length.get('explored', 0)} explored); "
             f"{speedup_text(speedup)}")
 
 

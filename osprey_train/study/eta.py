@@ -18,8 +18,8 @@ Two sets of a-priori rates (:data:`A_PRIORI`), each measured on a real run, beca
 kind cannot cover both: a study's rates were measured on the shipped ``smollm2-cpu`` study
 (docs/results/smollm2-cpu: SmolLM2-135M target, 4096-token draft vocabulary, builds in batches of
 48, 2 CPU cores, one or two torch threads, mean load 1.9; 2 h 57 min in all; the rates they replace,
-from a machine at load ~4, predicted 8 h 09 min for it). The demo's on the full demo (docs/demo.md:
-the full 49k-token vocabulary makes a distillation step ~7x dearer, builds run in batches of 8).
+from a machine at load ~4, predicted 8 h 09 min for it). The demo's on the quick and the full demo (docs/demo.md:
+4096-token draft vocabulary, builds in batches of 32, one torch thread per core, load ~1).
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ A_PRIORI_RATES: dict[str, float] = {"model": 5.0, "prompts": 0.5, "store": 0.024
                                     "pretrain": 1.7, "convert": 1.9, "distill": 0.33, "eval": 0.28, "live": 1.2}
 A_PRIORI_BASIS = ("rates of the shipped smollm2-cpu study (SmolLM2-135M on 2 CPU cores, 1-2 threads, load ~1.9; "
                   "docs/results/smollm2-cpu)")
-# The full demo's stage times (docs/demo.md: stores 200 s / 4,800 units, distill 563 s / 230,
-# offline acceptance 33 s / 32, live 232 s / 96; the model fetch 25 s on an empty cache).
-DEMO_RATES: dict[str, float] = {**A_PRIORI_RATES, "model": 25.0, "store": 0.042, "distill": 2.4, "eval": 1.0,
-                                "live": 2.4, "prune": 2.0, "convert": 5.0}
-DEMO_BASIS = "stage times of the full demo (SmolLM2-135M on 2 CPU cores, load 1-4; docs/demo.md)"
+# The demo's stage times with the presets of issue 46 (docs/demo.md; full demo: stores 117 s / 9,600
+# units, distill 204 s / 614, offline acceptance 9 s / 32, live 323 s / 192; quick demo: stores 68 s /
+# 4,080, distill 56 s / 102, offline acceptance 3 s / 6, live 51 s / 24; the model fetch 25 s on an
+# empty cache).
+DEMO_RATES: dict[str, float] = {**A_PRIORI_RATES, "model": 25.0, "store": 0.014, "distill": 0.4, "eval": 0.35,
+                                "live": 1.75, "prune": 0.6, "convert": 4.0}
+DEMO_BASIS = "stage times of the quick and full demo (SmolLM2-135M on 2 CPU cores, load ~1; docs/demo.md)"
 A_PRIORI: dict[str, tuple[dict[str, float], str]] = {"study": (A_PRIORI_RATES, A_PRIORI_BASIS),
                                                      "demo": (DEMO_RATES, DEMO_BASIS)}
 """Name -> (a-priori seconds per unit of each kind, what they were measured on)."""

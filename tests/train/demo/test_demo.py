@@ -105,6 +105,20 @@ def test_demo_pipeline_on_tiny_models(tmp_path, tiny_llama_dir):
 
 def test_demo_config_checks():
     assert DemoConfig(quick=True).sizes["distill_steps"] > 0
+    with pytest.raises(ConfigError, match="draft-vocab"):
+        DemoConfig(draft_vocab=0)
+
+
+def test_demo_study_uses_a_draft_vocabulary_capped_at_the_targets(tiny_llama_dir):
+    """Issue 46: the presets' 4096-token draft vocabulary (a cheaper draft step); a smaller target keeps all
+    of its vocabulary instead of a refusal from convert."""
+    from osprey_train.demo.pipeline import demo_study
+
+    assert demo_study(DemoConfig(quick=True)).distill.draft_vocab == 4096   # the default target: not peeked
+    vocab = json.loads((Path(tiny_llama_dir) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    assert vocab < 4096
+    assert demo_study(DemoConfig(quick=True, target=str(tiny_llama_dir))).distill.draft_vocab == vocab
+    assert demo_study(DemoConfig(quick=True, target=str(tiny_llama_dir), draft_vocab=64)).distill.draft_vocab == 64
     assert DemoConfig().live_steps == "auto" and DemoConfig(live_steps="3").live_steps == 3
     with pytest.raises(ConfigError, match="--live-steps"):
         DemoConfig(live_steps="fast")

@@ -113,10 +113,10 @@ def test_a_slowdown_reads_as_one():
 
 def test_an_auto_live_run_is_not_compared_with_offline_as_if_it_were_one_s():
     summary = _summary()
-    summary["live"]["draft_length"] = {"max_steps": 5, "rounds_by_steps": {0: 90, 1: 10}, "probes": 4,
+    summary["live"]["draft_length"] = {"max_steps": 5, "rounds_by_steps": {0: 90, 1: 10}, "probes": 4, "explored": 3,
                                        "cost": {"source": "measured at the start of this run"}}
     md = render_markdown(summary)
     assert "Draft length: auto (S = 0..5, 0 = a plain step; costs measured at the start of this run): " \
-           "S=0 in 90 (90%), S=1 in 10 (10%) of 100 rounds (4 probes)" in md
+           "S=0 in 90 (90%), S=1 in 10 (10%) of 100 rounds (4 probes, 3 explored)" in md
     assert "is not offline's fixed S=3 acceptance length" in md and "difference" not in md
     assert "(draft length auto)" in headline(summary, "r.md")

@@ -146,3 +146,44 @@ def test_measured_costs_come_from_this_target_and_drafter(tiny_llama):
     assert "measured" in cost.source
     DraftLengthPolicy(cost=cost, max_steps=3)   # covers every block the policy can choose
     assert parse_cost("draft_step=0.1,verify_scale=0.1").assumed
+
+
+# the quick demo's measured float32 costs (issue 46): drafting one token pays above p1 ~ 0.08
+DEMO_COST = CostModel(device="test", draft_step=0.041, verify={1: 1.0, 2: 1.02, 3: 1.01, 4: 1.62, 5: 1.6},
+                      round_overhead=0.0165, source="test")
+
+
+def _run_weak_drafter(optimism: float, rounds: int = 600) -> DraftLengthPolicy:
+    """A drafter whose first draft is accepted one round in 8 (0.125, above break-even), whose first
+    8 drafted rounds were all rejected (bad luck) and whose later drafts are never accepted."""
+    policy = DraftLengthPolicy(cost=DEMO_COST, max_steps=4, optimism=optimism)
+    drafted_rounds = 0
+    for _ in range(rounds):
+        s = policy.choose(room=100)
+        if s:
+            drafted_rounds += 1
+            policy.observe(s, int(drafted_rounds > 8 and drafted_rounds % 8 == 0))
+    return policy
+
+
+def test_early_rejections_do_not_stop_a_drafter_above_break_even():
+    """Issue 46: the quick demo's drafter (p1 ~0.12) was stopped after a few unlucky rounds and decoded
+    plainly from then on (x0.99); the optimistic estimate keeps it drafting while the evidence is thin."""
+    stuck, kept = _run_weak_drafter(0.0), _run_weak_drafter(1.0)
+    assert stuck.used[0] > 500                 # without optimism: plain decoding from round ~10 on
+    assert kept.used[0] < 200 and kept.explored > 0
+    assert 0.09 < kept.acceptance.rates()[0] < 0.16
+    with pytest.raises(ConfigError, match="optimism"):
+        DraftLengthPolicy(cost=DEMO_COST, max_steps=2, optimism=-1)
+
+
+def test_the_optimistic_estimate_drops_a_drafter_that_never_agrees():
+    policy = DraftLengthPolicy(cost=DEMO_COST, max_steps=4)
+    chosen = []
+    for _ in range(400):
+        s = policy.choose(room=100)
+        policy.observe(s, 0)
+        chosen.append(s)
+    assert sum(1 for s in chosen if s) <= 30 and chosen[-300:].count(0) >= 295
+    est = PositionAcceptance(max_steps=2)
+    assert est.rates(1.0)[0] > est.rates()[0] == 0.5
