@@ -119,7 +119,7 @@ class ConvertConfig:
     eagle3_layers: int = 1
     """eagle3: decoder layers (1 = the EAGLE-3 baseline; 2 = the paper's parameter-matched control); dflash:
     its draft layers."""
-    arch_option: tuple[str, ...] = ()
+    arch_option: tuple[str, ...] = field(default=(), metadata={"key_if_set": True})
     """``KEY=VALUE`` (repeatable; VALUE in JSON, e.g. ``block_size=16``): a setting of the architecture kept in
     its config.json ``arch_options`` (dflash: block_size, mask_token_id, anchor_fraction)."""
     overwrite: bool = False

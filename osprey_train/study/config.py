@@ -20,6 +20,7 @@ the section (``[[arms]] #3 'eagle3-2l'``) and the key.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 import types
@@ -279,8 +280,8 @@ LiveStage = stage_table(
 ConvertSection = stage_table(
     "ConvertSection", "Stage 3 settings of one drafter (:class:`ConvertConfig` options), all from the study: "
     "[[arms]] arch, seeds and layers, [distill] draft_vocab.",
-    Source(ConvertConfig, only=("arch", "seed", "draft_vocab", "eagle3_layers")),
-    derived=("arch", "seed", "draft_vocab", "eagle3_layers"))
+    Source(ConvertConfig, only=("arch", "seed", "draft_vocab", "eagle3_layers", "arch_option")),
+    derived=("arch", "seed", "draft_vocab", "eagle3_layers", "arch_option"))
 
 
 @dataclass(kw_only=True)
@@ -326,6 +327,10 @@ class ArmSection:
     distill: DistillSection | None = None  # type: ignore[valid-type]
     """This arm's own values of ``[distill]`` keys, e.g. ``distill = { ttt_steps = 3 }``: the arm
     distills with ``[distill]`` and these replaced (None: ``[distill]`` as it is)."""
+    arch_options: dict[str, int | float | bool | str] | None = None
+    """Settings of the arm's architecture, written to its drafter's ``config.json`` at conversion
+    (``osprey train convert --arch-option KEY=VALUE``), e.g. ``arch_options = { block_size = 16,
+    objective = "topk" }`` for a dflash arm. They enter the convert stage's key."""
 
     def check(self, where: str) -> None:
         _check_label(where, self.name)
@@ -350,6 +355,15 @@ class ArmSection:
             _fail(where, f"train_data must be one of {_TRAIN_DATA}, got {self.train_data!r}")
         if self.steps is not None and self.steps < 1:
             _fail(where, f"steps must be >= 1, got {self.steps}")
+        keys = drafter_spec(self.arch).arch_option_keys
+        unknown = sorted(set(self.arch_options or {}) - set(keys))
+        if unknown:
+            _fail(where, f"arch_options {unknown} are not options of the {self.arch!r} arch; it takes "
+                         f"{list(keys) if keys else 'none'}")
+
+    def arch_option_args(self) -> tuple[str, ...]:
+        """``arch_options`` as ``osprey train convert --arch-option KEY=VALUE`` values (JSON, sorted)."""
+        return tuple(f"{k}={json.dumps(v)}" for k, v in sorted((self.arch_options or {}).items()))
 
 
 @dataclass(kw_only=True)

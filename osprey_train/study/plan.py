@@ -338,11 +338,13 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
                 train_store = stores[domain, "train", arm.train_data]
                 deps = {"store": train_store, "target": target}
                 if drafter_spec(arm.arch).needs_backbone:
-                    settings = ConvertSection(arch=arm.arch, seed=seed, draft_vocab=ds.draft_vocab)
+                    settings = ConvertSection(arch=arm.arch, seed=seed, draft_vocab=ds.draft_vocab,
+                                              arch_option=arm.arch_option_args())
                     deps["backbone"] = backbone
                 else:   # the arch's convert default, written out so that the stage key shows it
                     settings = ConvertSection(arch=arm.arch, seed=seed, eagle3_layers=arm.layers,
-                                              draft_vocab=ds.draft_vocab or drafter_spec(arm.arch).default_draft_vocab)
+                                              draft_vocab=ds.draft_vocab or drafter_spec(arm.arch).default_draft_vocab,
+                                              arch_option=arm.arch_option_args())
                 conv = b.add(Node("convert", settings, deps, label=f"convert {arm.name} seed {seed} for {domain}",
                                   arm=arm.name, seed=seed, domain=domain, cost=1))
                 converted[arm.name, seed, domain] = conv

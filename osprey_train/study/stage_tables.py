@@ -74,9 +74,12 @@ class StageTable:
                 raise ConfigError(f"{where}: {exc}") from None
 
     def key(self) -> dict[str, Any]:
-        """The values that define the stage's output (operational ones left out), JSON-ready."""
+        """The values that define the stage's output (operational ones left out), JSON-ready. An
+        option added after studies were run (``key_if_set`` in its config's metadata) enters the key
+        only when it is set, so that the stages those studies finished keep their keys."""
         return {f.name: config_json(getattr(self, f.name)) for f in dataclasses.fields(self)  # type: ignore[arg-type]
-                if not f.metadata.get("operational")}
+                if not f.metadata.get("operational")
+                and not (f.metadata.get("key_if_set") and getattr(self, f.name) == f.metadata.get("default"))}
 
 
 def stage_table(name: str, doc: str, *sources: Source, derived: tuple[str, ...] = ()) -> type:
@@ -84,7 +87,8 @@ def stage_table(name: str, doc: str, *sources: Source, derived: tuple[str, ...] 
     fields: list[tuple[str, Any, Any]] = []
     for source in sources:
         for c in config_fields(source.cls, exclude=source.wired, only=source.only):
-            meta = {"doc": c.doc, "source": source.cls, "operational": c.metadata.get("operational", False)}
+            meta = {"doc": c.doc, "source": source.cls, "operational": c.metadata.get("operational", False),
+                    "key_if_set": c.metadata.get("key_if_set", False), "default": c.default}
             if c.required:   # a key the table must set (``[prune] layers``)
                 fields.append((c.name, c.type, field(metadata=meta)))
             else:

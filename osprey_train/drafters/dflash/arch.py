@@ -9,7 +9,9 @@ drafts and the live session) and ``export.py`` (vLLM's ``DFlashDraftModel`` layo
 ``block_size - 1`` drafts; 8 by default, as speculators and Model-Optimizer train it),
 ``mask_token_id`` (the token fed at the mask slots, vLLM's ``dflash_config.mask_token_id``) and
 ``anchor_fraction`` (training: the share of a packed row's eligible response positions drawn
-as block anchors at each step).
+as block anchors at each step) and ``objective`` (training: ``hard``, cross-entropy against the
+stored response tokens, or ``topk``, against the stored top-k log-probs of the target, with
+``--target-dist`` tail or renorm as for the chain drafters).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from osprey_data.errors import ConfigError
 from osprey_train.drafters.spec import DrafterSpec
 
 __all__ = ["SPEC", "VLLM_ARCHITECTURE", "DEFAULT_BLOCK_SIZE", "DEFAULT_ANCHOR_FRACTION", "OPTION_KEYS",
-           "block_size_of", "mask_token_of", "anchor_fraction_of"]
+           "block_size_of", "mask_token_of", "anchor_fraction_of", "objective_of", "OBJECTIVES"]
 
 VLLM_ARCHITECTURE = "DFlashDraftModel"
 """``architectures[0]`` of the vLLM export (vLLM's registry: ``qwen3_dflash.DFlashQwen3ForCausalLM``)."""
@@ -30,7 +32,10 @@ DEFAULT_ANCHOR_FRACTION = 0.25
 """Share of a packed row's eligible response positions that anchor a training block per step. A
 quarter: on SmolLM2 (docs/results/dflash-first-cpu) every position (1.0) reached the same held-out
 acceptance after the same steps (1.078 against 1.090 / 1.065) for four times the LM-head rows."""
-OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction")
+OBJECTIVES = ("hard", "topk")
+"""What a block's mask slots learn: the stored response tokens (``hard``, the public DFlash trainers'
+objective and the default) or the target's stored top-k distribution (``topk``)."""
+OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction", "objective")
 """The ``arch_options`` keys a DFlash drafter has (``--arch-option KEY=VALUE`` at convert)."""
 
 
@@ -47,6 +52,11 @@ def mask_token_of(config: Any) -> int:
 def anchor_fraction_of(config: Any) -> float:
     """Training anchors per eligible response position."""
     return float(config.arch_options.get("anchor_fraction", DEFAULT_ANCHOR_FRACTION))
+
+
+def objective_of(config: Any) -> str:
+    """The training objective of the mask slots (``hard`` when the config does not name one)."""
+    return str(config.arch_options.get("objective", OBJECTIVES[0]))
 
 
 def _check_config(config: Any) -> None:
@@ -67,6 +77,9 @@ def _check_config(config: Any) -> None:
     fraction = options.get("anchor_fraction", DEFAULT_ANCHOR_FRACTION)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(f"drafter config: dflash anchor_fraction must be a number in (0, 1], got {fraction!r}")
+    if options.get("objective", OBJECTIVES[0]) not in OBJECTIVES:
+        raise ConfigError(f"drafter config: dflash objective must be one of {list(OBJECTIVES)}, "
+                          f"got {options['objective']!r}")
     if config.family != "qwen3" or not config.qk_norm:
         raise ConfigError("drafter config: dflash layers are Qwen3-style (family 'qwen3', qk_norm), as vLLM's "
                           "DFlashDraftModel runs them")

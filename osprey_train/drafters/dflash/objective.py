@@ -14,9 +14,13 @@ The packed row is the engine layout of :mod:`osprey_train.ttt.layout` (slot ``p`
   trainer's checkpoints save and restore, so a resumed run draws the same anchors;
 - loss: ``sum_j w_j CE_j / sum_j w_j`` over the scored labels, ``w_j = decay^(j-1)``, ``decay`` =
   ``--ttt-decay`` (0.8 by default, about the DFlash recipe's ``exp(-1/gamma)`` with gamma = 4 at
-  block 8); labels are the stored response tokens (the target's own greedy tokens in a regenerated
-  store), the hard-label objective of the public DFlash trainers. ``--ttt-steps`` does not apply:
-  every mask slot of the block is trained.
+  block 8). ``--ttt-steps`` does not apply: every mask slot of the block is trained;
+- ``CE_j``, by the drafter's ``objective`` arch option: ``hard`` (default), against the stored
+  response token (the target's own greedy token in a regenerated store), the objective of the
+  public DFlash trainers; ``topk``, against the target's distribution stored with that token (the
+  top-k log-probs of slot ``p + j - 1``, the row the chain drafters learn the same token from), with
+  the chain drafters' ``--target-dist`` (``tail``: the top-k plus one bucket for the rest of the
+  mass; ``renorm``: the top-k renormalised). The accuracy metrics count the stored token either way.
 
 Blocks go through the layers ``BLOCK_ROWS`` slots at a time and the LM head ``loss_chunk`` rows at
 a time, each under activation checkpointing, so neither the attention scores of all blocks nor
@@ -35,7 +39,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from osprey_data.errors import ConfigError
-from osprey_train.drafters.dflash.arch import anchor_fraction_of
+from osprey_train.drafters.dflash.arch import anchor_fraction_of, objective_of
+from osprey_train.ttt.loss import TARGET_DISTS, TargetRows, VocabMap
 
 __all__ = ["DFlashObjective", "row_blocks", "RowBlocks", "BLOCK_ROWS"]
 
@@ -78,26 +83,39 @@ def _chunk_ce(hidden_CD: torch.Tensor, labels_C: torch.Tensor, norm: nn.Module, 
     return F.cross_entropy(logits_CV, labels_C, reduction="none"), logits_CV.argmax(-1)
 
 
+def _chunk_topk_ce(hidden_CD: torch.Tensor, topk_ids_CK: torch.Tensor, topk_logprobs_CK: torch.Tensor,
+                   norm: nn.Module, head: nn.Linear, target_dist: str) -> tuple[torch.Tensor, torch.Tensor]:
+    logits_CV = head(norm(hidden_CD)).float()
+    rows = TargetRows(topk_ids_NK=topk_ids_CK, topk_logprobs_NK=topk_logprobs_CK)
+    ce_C, _ = TARGET_DISTS[target_dist](logits_CV, rows, VocabMap(), None)   # the target's vocabulary
+    return ce_C, logits_CV.argmax(-1)
+
+
 class DFlashObjective(nn.Module):
     """The drafter plus its block-training forward: ``forward(batch) -> (loss, metrics)``."""
 
-    def __init__(self, drafter: nn.Module, *, decay: float, chunk_size: int) -> None:
+    def __init__(self, drafter: nn.Module, *, decay: float, chunk_size: int, target_dist: str | None = None) -> None:
         super().__init__()
         if not 0 < decay <= 1:
             raise ConfigError(f"distill --arch dflash: --ttt-decay is the per-block-position weight decay, in (0, 1]; "
                               f"got {decay}")
+        self.objective = objective_of(drafter.config)
+        if self.objective == "topk" and target_dist not in ("tail", "renorm"):
+            raise ConfigError(f"distill --arch dflash with objective topk learns the stored top-k: --target-dist "
+                              f"must be tail or renorm, got {target_dist!r}")
         self.drafter = drafter
-        self.decay, self.chunk_size = decay, chunk_size
+        self.decay, self.chunk_size, self.target_dist = decay, chunk_size, target_dist
         self.blocks_per_group = max(1, BLOCK_ROWS // drafter.block_size)
         self.checkpoint_steps = False   # the layers are shallow; the LM head chunks are always checkpointed
 
     @classmethod
     def from_config(cls, drafter: nn.Module, cfg, target_head) -> "DFlashObjective":
-        """The ``objective`` hook: the stored response tokens are the labels (the target head is not needed)."""
+        """The ``objective`` hook: the stored response tokens, or their stored top-k, are the labels
+        (the target head is not needed)."""
         if cfg.target_dist == "full":
-            raise ConfigError("distill --arch dflash trains on the stored response tokens (hard labels); "
+            raise ConfigError("distill --arch dflash learns the stored response tokens or their stored top-k; "
                               "--target-dist full does not apply")
-        return cls(drafter, decay=cfg.ttt_decay, chunk_size=cfg.loss_chunk)
+        return cls(drafter, decay=cfg.ttt_decay, chunk_size=cfg.loss_chunk, target_dist=cfg.target_dist)
 
     def _group_hidden(self, anchor_ids_G: torch.Tensor, anchor_pos_G: torch.Tensor, allowed_GP: torch.Tensor,
                       *flat_context: torch.Tensor) -> torch.Tensor:
@@ -142,10 +160,19 @@ class DFlashObjective(nn.Module):
                 rows_RD = hidden_GBD[:, 1:][scored_GJ]
                 labels_R = blocks.labels_NJ[group][scored_GJ]
                 slot_R = torch.nonzero(scored_GJ)[:, 1]
+                if self.objective == "topk":   # the label's own top-k: that of the slot before it
+                    source_R = (blocks.anchors_N[group][:, None] + slot_R.new_tensor(range(block - 1))[None])[scored_GJ]
+                    topk_ids_RK = batch.topk_ids_BTK[row][source_R]
+                    topk_logprobs_RK = batch.topk_logprobs_BTK[row][source_R]
                 for start in range(0, rows_RD.shape[0], self.chunk_size):
                     part = slice(start, start + self.chunk_size)
-                    ce_C, argmax_C = checkpoint(_chunk_ce, rows_RD[part], labels_R[part], drafter.norm,
-                                                drafter.lm_head, use_reentrant=False)
+                    if self.objective == "topk":
+                        ce_C, argmax_C = checkpoint(_chunk_topk_ce, rows_RD[part], topk_ids_RK[part],
+                                                    topk_logprobs_RK[part], drafter.norm, drafter.lm_head,
+                                                    self.target_dist, use_reentrant=False)
+                    else:
+                        ce_C, argmax_C = checkpoint(_chunk_ce, rows_RD[part], labels_R[part], drafter.norm,
+                                                    drafter.lm_head, use_reentrant=False)
                     total = total + (ce_C * weights_J[slot_R[part]]).sum()
                     correct_J += torch.bincount(slot_R[part][argmax_C == labels_R[part]].cpu(),
                                                 minlength=block - 1).float()

@@ -6,6 +6,8 @@ import shutil
 
 import pytest
 
+from osprey_data.errors import ConfigError
+
 from osprey_train.study.config import load_study
 from osprey_train.study.plan import build_plan
 from tests.helpers.tiny_study import write_tiny_study
@@ -70,3 +72,26 @@ def test_keys_do_not_depend_on_where_the_files_are(spec, tmp_path):
     shutil.copytree(spec.parent, moved)
     _, there = _keys(moved / spec.name)
     assert here == there
+
+
+def test_arch_options_of_an_arm_enter_its_convert_key_and_nothing_else_moves(spec):
+    """Issue 44: an arm sets its architecture's options (a DFlash block size, objective); the convert
+    stages of arms without them keep the keys they had before the option existed."""
+    plan, base = _keys(spec)
+    convert = plan.drafters["eagle3", 0, "chat"].deps["init"]
+    assert "arch_option" not in convert.settings.key()        # unset: not in the key, as before the option
+    text = spec.read_text() + '\n[[arms]]\nname = "dflash"\narch = "dflash"\nstage2 = "none"\n'
+    spec.write_text(text + 'arch_options = { block_size = 6, objective = "topk" }\n')
+    plan, keys = _keys(spec)
+    assert all(keys[k] == v for k, v in base.items())
+    node = plan.drafters["dflash", 0, "chat"].deps["init"]
+    assert node.settings.arch_option == ("block_size=6", 'objective="topk"')
+    spec.write_text(text + 'arch_options = { block_size = 8 }\n')
+    assert _keys(spec)[0].drafters["dflash", 0, "chat"].deps["init"].key != node.key
+    spec.write_text(text + 'arch_options = { blocks = 8 }\n')
+    with pytest.raises(ConfigError, match=r"arch_options \['blocks'\] are not options of the 'dflash' arch"):
+        load_study(spec)
+    spec.write_text(text.replace('name = "dflash"\narch = "dflash"', 'name = "e3"\narch = "eagle3"')
+                    + 'arch_options = { block_size = 8 }\n')
+    with pytest.raises(ConfigError, match="it takes none"):
+        load_study(spec)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from osprey_train.study.config import load_study
 from osprey_train.study.report import ReportConfig
 from osprey_train.study.report import run as report
@@ -49,10 +51,20 @@ distill = { draft_vocab = 128 }
 name = "dflash"
 arch = "dflash"
 stage2 = "none"
+
+[[arms]]
+name = "dflash-topk"
+arch = "dflash"
+stage2 = "none"
+arch_options = { block_size = 6, objective = "topk" }
 '''
     path.write_text(text)
     cfg = load_study(path)
     run(StudyRunConfig(study=cfg, out=tmp_path / "out", progress=False))
+    # an arm's arch_options reach its drafter (issue 44); the other DFlash arm keeps the defaults
+    options = [json.loads(p.read_text())["arch_options"] for p in (tmp_path / "out").glob("stages/distill-*/run/final/config.json")]
+    assert {o.get("objective", "hard") for o in options if o.get("block_size")} == {"hard", "topk"}
+    assert {"block_size": 6, "objective": "topk"}.items() <= next(o for o in options if o.get("objective")).items()
     readme = (report(ReportConfig(study=cfg, out=tmp_path / "out")).dir / "README.md").read_text()
     setup = readme.split("## Setup", 1)[1].split("\n## ", 1)[0]
     assert "(no arm prunes a source model)" in setup, setup

@@ -253,3 +253,48 @@ def test_blocks_in_checkpointed_groups_give_the_loss_and_gradients_of_one_group(
     whole, grouped = run(1000), run(3)
     for a, b in zip(whole, grouped):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def _topk_model(objective: str):
+    model = tiny(9)
+    model.config.arch_options["objective"] = objective
+    return model.train()
+
+
+def test_the_topk_objective_learns_the_stored_distribution_of_each_label():
+    """Issue 44: ``objective=topk`` scores mask slot j against the top-k stored with its label (the row of
+    the slot before it). A one-hot top-k at the stored token gives exactly the hard-label loss and
+    gradients; moving the rows by one slot (a wrong alignment) does not."""
+    ids, taps = sequence(30, 7)
+    sample = FakeSample(ids, taps, 8)
+    other = (ids + 1) % V
+    sample.topk_ids_TK = torch.stack([torch.roll(ids, -1), torch.roll(other, -1)], dim=1).int()   # row t: token t+1
+    sample.topk_logprobs_TK = torch.tensor([[0.0, -40.0]]).expand(30, 2).clone()
+    batch = pack_samples([sample], 64)
+    losses = {}
+    for objective, dist in (("hard", "tail"), ("topk", "tail"), ("topk", "renorm")):
+        model = _topk_model(objective)
+        torch.manual_seed(1)
+        loss, metrics = DFlashObjective(model, decay=0.8, chunk_size=5, target_dist=dist)(batch)
+        loss.backward()
+        losses[objective, dist] = (float(loss.detach()), model.layers[0].self_attn.q_proj.weight.grad.clone(), metrics["acc_k1"])
+    hard = losses["hard", "tail"]
+    for key in (("topk", "tail"), ("topk", "renorm")):
+        assert losses[key][0] == pytest.approx(hard[0], rel=1e-5) and losses[key][2] == hard[2]
+        torch.testing.assert_close(losses[key][1], hard[1], atol=1e-6, rtol=1e-4)
+    shifted = FakeSample(ids, taps, 8)
+    shifted.topk_ids_TK = torch.roll(sample.topk_ids_TK, 1, dims=0)
+    shifted.topk_logprobs_TK = sample.topk_logprobs_TK
+    torch.manual_seed(1)
+    loss, _ = DFlashObjective(_topk_model("topk"), decay=0.8, chunk_size=5, target_dist="tail")(pack_samples([shifted], 64))
+    assert abs(float(loss) - hard[0]) > 0.1
+
+
+def test_the_topk_objective_is_checked():
+    with pytest.raises(ConfigError, match="tail or renorm"):
+        DFlashObjective(_topk_model("topk"), decay=0.8, chunk_size=5, target_dist="full")
+    model = tiny()
+    model.config.arch_options["objective"] = "soft"
+    from osprey_train.drafters.dflash.arch import SPEC
+    with pytest.raises(ConfigError, match="objective must be one of"):
+        SPEC.check_config(model.config)
