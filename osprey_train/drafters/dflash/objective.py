@@ -52,8 +52,10 @@ class RowBlocks:
     """The blocks of one packed row: anchor slots, their context mask, labels and label weights."""
 
     def __init__(self, anchors_N: torch.Tensor, allowed_NP: torch.Tensor, labels_NJ: torch.Tensor,
-                 scored_NJ: torch.Tensor) -> None:
+                 scored_NJ: torch.Tensor, target_slots_NJ: torch.Tensor) -> None:
         self.anchors_N, self.allowed_NP, self.labels_NJ, self.scored_NJ = anchors_N, allowed_NP, labels_NJ, scored_NJ
+        self.target_slots_NJ = target_slots_NJ
+        """The slot whose stored top-k is each label's distribution: the one before the label's slot."""
 
 
 def eligible_anchors(doc_P: torch.Tensor, loss_mask_P: torch.Tensor) -> torch.Tensor:
@@ -74,7 +76,7 @@ def row_blocks(anchors_N: torch.Tensor, ids_P: torch.Tensor, doc_P: torch.Tensor
     inside_NJ = label_slot_NJ < slots
     clamped = label_slot_NJ.clamp(max=slots - 1)
     scored_NJ = inside_NJ & (doc_P[clamped] == doc_P[anchors_N, None]) & loss_mask_P[clamped - 1]
-    return RowBlocks(anchors_N, allowed_NP, ids_P[clamped], scored_NJ)
+    return RowBlocks(anchors_N, allowed_NP, ids_P[clamped], scored_NJ, clamped - 1)
 
 
 def _chunk_ce(hidden_CD: torch.Tensor, labels_C: torch.Tensor, norm: nn.Module, head: nn.Linear
@@ -160,8 +162,8 @@ class DFlashObjective(nn.Module):
                 rows_RD = hidden_GBD[:, 1:][scored_GJ]
                 labels_R = blocks.labels_NJ[group][scored_GJ]
                 slot_R = torch.nonzero(scored_GJ)[:, 1]
-                if self.objective == "topk":   # the label's own top-k: that of the slot before it
-                    source_R = (blocks.anchors_N[group][:, None] + slot_R.new_tensor(range(block - 1))[None])[scored_GJ]
+                if self.objective == "topk":
+                    source_R = blocks.target_slots_NJ[group][scored_GJ]
                     topk_ids_RK = batch.topk_ids_BTK[row][source_R]
                     topk_logprobs_RK = batch.topk_logprobs_BTK[row][source_R]
                 for start in range(0, rows_RD.shape[0], self.chunk_size):
