@@ -91,6 +91,12 @@ class DrafterSpec:
     """Convert starts from a pre-trained backbone (``--backbone``; the study prunes and pre-trains one and
     applies the arm's ``stage2``). False: the drafter is shaped from the target and its depth is
     ``--eagle3-layers`` (the study arm's ``layers``)."""
+    accepts_backbone: bool = False
+    """Without needing one, convert may also start from a pre-trained backbone (``--backbone``; a study arm
+    says ``backbone = true``): dflash takes the backbone's layers, embedding and head in place of random
+    layers and the target's embedding and head."""
+    reduced_draft_vocab: bool = True
+    """``--draft-vocab N`` applies (a study passes its ``[distill] draft_vocab`` to this arch's convert)."""
     default_draft_vocab: int | None = None
     """Draft vocabulary size when ``--draft-vocab`` is not given; None: the full target vocabulary."""
     study_layer_cost: float = 0.5

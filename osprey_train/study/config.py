@@ -307,12 +307,18 @@ class ArmSection:
     name: str
     """Arm label (report rows, folder names)."""
     arch: str
-    """'osprey' (pruned source backbone) or 'eagle3' (from scratch)."""
+    """'osprey' (pruned source backbone), 'eagle3' (from scratch) or 'dflash' (from scratch, or from the
+    backbone with ``backbone = true``)."""
+    backbone: bool | None = None
+    """Start from the pruned source backbone (after the arm's ``stage2``): always for osprey, never for
+    eagle3, optional for dflash (its layers, embedding and head then come from the backbone). Default:
+    the arch's own way."""
     stage2: str = "plain"
-    """Osprey: 'none' (converted straight after pruning), 'plain' (next-token pretraining) or
-    'kd' (distillation from the unpruned source). Must be 'none' for EAGLE-3."""
+    """Arms with a backbone: 'none' (converted straight after pruning), 'plain' (next-token pretraining)
+    or 'kd' (distillation from the unpruned source). Must be 'none' for arms without one."""
     layers: int = 1
-    """EAGLE-3 decoder layers (2 = the parameter-matched control). Osprey takes ``[prune] layers``."""
+    """Decoder layers of an arm without a backbone (EAGLE-3: 2 = the parameter-matched control). Arms
+    with one take ``[prune] layers``."""
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds (conversion init + distillation data order); one drafter per seed and domain."""
     lr_scale: float = 1.0
@@ -338,13 +344,17 @@ class ArmSection:
             _fail(where, f"arch must be one of {arch_names()}, got {self.arch!r}")
         if self.stage2 not in _STAGE2:
             _fail(where, f"stage2 must be one of {_STAGE2}, got {self.stage2!r}")
-        with_backbone = "/".join(a for a in arch_names() if drafter_spec(a).needs_backbone)
-        without = "/".join(a for a in arch_names() if not drafter_spec(a).needs_backbone)
-        if not drafter_spec(self.arch).needs_backbone and self.stage2 != "none":
-            _fail(where, f"stage2 applies to {with_backbone} arms; an {self.arch} arm trains from scratch "
-                         "(set stage2 = \"none\")")
-        if drafter_spec(self.arch).needs_backbone and self.layers != 1:
-            _fail(where, f"layers applies to {without} arms; an {self.arch} arm has [prune] layers")
+        spec = drafter_spec(self.arch)
+        if self.backbone is False and spec.needs_backbone:
+            _fail(where, f"an {self.arch} arm always starts from the backbone (backbone = false does not apply)")
+        if self.backbone and not (spec.needs_backbone or spec.accepts_backbone):
+            takers = "/".join(a for a in arch_names() if drafter_spec(a).needs_backbone or drafter_spec(a).accepts_backbone)
+            _fail(where, f"an {self.arch} arm trains from scratch; backbone = true applies to {takers} arms")
+        if not self.uses_backbone and self.stage2 != "none":
+            _fail(where, f"stage2 applies to arms with a backbone; this {self.arch} arm trains from scratch "
+                         "(set stage2 = \"none\", or backbone = true where the arch takes one)")
+        if self.uses_backbone and self.layers != 1:
+            _fail(where, f"layers applies to arms without a backbone; this {self.arch} arm has [prune] layers")
         if self.layers < 1:
             _fail(where, f"layers must be >= 1, got {self.layers}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -360,6 +370,12 @@ class ArmSection:
         if unknown:
             _fail(where, f"arch_options {unknown} are not options of the {self.arch!r} arch; it takes "
                          f"{list(keys) if keys else 'none'}")
+
+    @property
+    def uses_backbone(self) -> bool:
+        """Whether this arm converts the pruned (and Stage-2) source backbone."""
+        spec = drafter_spec(self.arch)
+        return spec.needs_backbone or bool(self.backbone and spec.accepts_backbone)
 
     def arch_option_args(self) -> tuple[str, ...]:
         """``arch_options`` as ``osprey train convert --arch-option KEY=VALUE`` values (JSON, sorted)."""
@@ -510,7 +526,7 @@ class StudyConfig:
                     _fail(at, f"domains {unknown or arm.domains} are not among [[domains]] {domain_names}")
             if arm.stage2 != "none" and self.corpus is None:
                 _fail(at, f"stage2 = {arm.stage2!r} needs a [corpus] section (the generic text of Stage 2)")
-            if drafter_spec(arm.arch).needs_backbone and self.prune is None:
+            if arm.uses_backbone and self.prune is None:
                 _fail(at, f"an {arm.arch} arm needs a [prune] section (layers = N: the source's blocks it keeps)")
             if arm.distill is not None:
                 arm.distill.check(f"{at} distill")

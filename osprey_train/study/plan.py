@@ -203,7 +203,7 @@ class _Builder:
 def _arm_factor(cfg: StudyConfig, arm: ArmSection) -> float:
     """Relative cost of one distillation slot (the arch's cost per layer times its depth)."""
     spec = drafter_spec(arm.arch)
-    return 0.5 + spec.study_layer_cost * (cfg.prune.layers if spec.needs_backbone else arm.layers)
+    return 0.5 + spec.study_layer_cost * (cfg.prune.layers if arm.uses_backbone else arm.layers)
 
 
 def build_plan(cfg: StudyConfig, *, lookup: Callable[[str], dict | None] | None = None) -> Plan:
@@ -282,7 +282,7 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
             store(d.name, "train", data)
 
     pretrain: dict[str, Node] = {}
-    needs_backbone = any(drafter_spec(a.arch).needs_backbone for a in cfg.arms)
+    needs_backbone = any(a.uses_backbone for a in cfg.arms)
     prune = corpus = None
     if needs_backbone:
         assert cfg.prune is not None   # StudyConfig checks it
@@ -330,20 +330,22 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
 
     for arm in cfg.arms:
         for seed in arm.seeds:
-            backbone = None
-            if drafter_spec(arm.arch).needs_backbone:
+            backbone, spec = None, drafter_spec(arm.arch)
+            if arm.uses_backbone:
                 backbone = prune if arm.stage2 == "none" else pretrain.get(arm.stage2) or stage2(arm.stage2)
             ds = dataclasses.replace(cfg.arm_distill(arm), seed=seed, eval_draft_steps=ev.draft_steps)
             for domain in cfg.arm_domains(arm):
                 train_store = stores[domain, "train", arm.train_data]
                 deps = {"store": train_store, "target": target}
-                if drafter_spec(arm.arch).needs_backbone:
-                    settings = ConvertSection(arch=arm.arch, seed=seed, draft_vocab=ds.draft_vocab,
+                if arm.uses_backbone:
+                    settings = ConvertSection(arch=arm.arch, seed=seed,
+                                              draft_vocab=ds.draft_vocab if spec.reduced_draft_vocab else None,
                                               arch_option=arm.arch_option_args())
                     deps["backbone"] = backbone
                 else:   # the arch's convert default, written out so that the stage key shows it
                     settings = ConvertSection(arch=arm.arch, seed=seed, eagle3_layers=arm.layers,
-                                              draft_vocab=ds.draft_vocab or drafter_spec(arm.arch).default_draft_vocab,
+                                              draft_vocab=(ds.draft_vocab if spec.reduced_draft_vocab else None)
+                                              or spec.default_draft_vocab,
                                               arch_option=arm.arch_option_args())
                 conv = b.add(Node("convert", settings, deps, label=f"convert {arm.name} seed {seed} for {domain}",
                                   arm=arm.name, seed=seed, domain=domain, cost=1))

@@ -281,7 +281,7 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         s = m["summary"]
         per = [x["summary"]["mean"] for x in m["per_seed"].values()]
         spread = max(per) - min(per) if len(per) > 1 and None not in per else None
-        backbone = drafter_spec(arm["arch"]).needs_backbone
+        backbone = drafter_spec(arm["arch"]).needs_backbone or bool(arm.get("backbone"))
         what = (f"{arm['arch']}" + (f" {arm['layers']}L" if not backbone else "")
                 + (f", Stage 2 {arm['stage2']}" if backbone else "")
                 + f", lr {arm['lr']:.0e}" + (", teacher-forced data" if arm["train_data"] != "regenerated" else ""))

@@ -1,14 +1,14 @@
 """Registry entry of the DFlash block drafter: one forward drafts a block, the target's taps as keys/values.
 
 Torch-free (read by the CLI, configs and the study). Its code is in this folder: ``model.py``,
-``convert.py`` (Stage 3: random Qwen3 layers shaped like the target, the target's embedding and
-head), ``objective.py`` (block training on the stored response tokens), ``drafting.py`` (offline
+``convert.py`` (Stage 3: random Qwen3 layers shaped like the target with the target's embedding and
+head, or a pre-trained backbone's layers, embedding and head with ``--backbone``), ``objective.py`` (block training on the stored response tokens), ``drafting.py`` (offline
 drafts and the live session) and ``export.py`` (vLLM's ``DFlashDraftModel`` layout).
 
 ``arch_options`` (config.json): ``block_size`` (slots of a trained block: the anchor and
 ``block_size - 1`` drafts; 8 by default, as speculators and Model-Optimizer train it),
-``mask_token_id`` (the token fed at the mask slots, vLLM's ``dflash_config.mask_token_id``) and
-``anchor_fraction`` (training: the share of a packed row's eligible response positions drawn
+``mask_token_id`` (the token fed at the mask slots, vLLM's ``dflash_config.mask_token_id``),
+``init`` (``scratch`` or ``backbone``: written by convert), ``anchor_fraction`` (training: the share of a packed row's eligible response positions drawn
 as block anchors at each step) and ``objective`` (training: ``hard``, cross-entropy against the
 stored response tokens, or ``topk``, against the stored top-k log-probs of the target, with
 ``--target-dist`` tail or renorm as for the chain drafters).
@@ -22,7 +22,8 @@ from osprey_data.errors import ConfigError
 from osprey_train.drafters.spec import DrafterSpec
 
 __all__ = ["SPEC", "VLLM_ARCHITECTURE", "DEFAULT_BLOCK_SIZE", "DEFAULT_ANCHOR_FRACTION", "OPTION_KEYS",
-           "block_size_of", "mask_token_of", "anchor_fraction_of", "objective_of", "OBJECTIVES"]
+           "block_size_of", "mask_token_of", "anchor_fraction_of", "objective_of", "OBJECTIVES", "INITS", "init_of",
+           "shares_target_embedding"]
 
 VLLM_ARCHITECTURE = "DFlashDraftModel"
 """``architectures[0]`` of the vLLM export (vLLM's registry: ``qwen3_dflash.DFlashQwen3ForCausalLM``)."""
@@ -35,7 +36,11 @@ acceptance after the same steps (1.078 against 1.090 / 1.065) for four times the
 OBJECTIVES = ("hard", "topk")
 """What a block's mask slots learn: the stored response tokens (``hard``, the public DFlash trainers'
 objective and the default) or the target's stored top-k distribution (``topk``)."""
-OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction", "objective")
+INITS = ("scratch", "backbone")
+"""Where the layers came from: random Qwen3-style layers shaped like the target, with the target's
+embedding and head (``scratch``), or a pre-trained backbone's layers, embedding and head
+(``backbone``, convert ``--backbone``). Convert writes it."""
+OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction", "objective", "init")
 """The ``arch_options`` keys a DFlash drafter has (``--arch-option KEY=VALUE`` at convert)."""
 
 
@@ -52,6 +57,11 @@ def mask_token_of(config: Any) -> int:
 def anchor_fraction_of(config: Any) -> float:
     """Training anchors per eligible response position."""
     return float(config.arch_options.get("anchor_fraction", DEFAULT_ANCHOR_FRACTION))
+
+
+def init_of(config: Any) -> str:
+    """``scratch`` or ``backbone`` (a config written before the backbone variant existed: scratch)."""
+    return str(config.arch_options.get("init", INITS[0]))
 
 
 def objective_of(config: Any) -> str:
@@ -80,33 +90,49 @@ def _check_config(config: Any) -> None:
     if options.get("objective", OBJECTIVES[0]) not in OBJECTIVES:
         raise ConfigError(f"drafter config: dflash objective must be one of {list(OBJECTIVES)}, "
                           f"got {options['objective']!r}")
-    if config.family != "qwen3" or not config.qk_norm:
-        raise ConfigError("drafter config: dflash layers are Qwen3-style (family 'qwen3', qk_norm), as vLLM's "
-                          "DFlashDraftModel runs them")
+    if options.get("init", INITS[0]) not in INITS:
+        raise ConfigError(f"drafter config: dflash init must be one of {list(INITS)}, got {options['init']!r}")
+    if init_of(config) == "scratch" and config.hidden_size != config.target_hidden_size:
+        raise ConfigError(f"drafter config: a dflash drafter from scratch uses the target's embedding, so its hidden "
+                          f"size equals the target's ({config.target_hidden_size}), got {config.hidden_size}")
+    if (config.family, config.qk_norm) not in (("qwen3", True), ("llama", False)):
+        raise ConfigError(f"drafter config: dflash layers are Qwen3-style (family 'qwen3', qk_norm), as vLLM's "
+                          f"DFlashDraftModel runs them, or Llama-style (family 'llama', no q/k norm) when started "
+                          f"from a Llama backbone; got family {config.family!r}, qk_norm {config.qk_norm}")
     if config.attention_bias:
         raise ConfigError("drafter config: dflash has no attention bias")
     if config.draft_vocab_size != config.vocab_size:
-        raise ConfigError(f"drafter config: dflash drafts over the full target vocabulary (the target's LM head); "
+        raise ConfigError(f"drafter config: dflash drafts over the full target vocabulary; "
                           f"draft_vocab_size {config.draft_vocab_size} != vocab_size {config.vocab_size}")
-    if config.hidden_size != config.target_hidden_size:
-        raise ConfigError(f"drafter config: dflash uses the target's embedding, so its hidden size equals the "
-                          f"target's ({config.target_hidden_size}), got {config.hidden_size}")
     if config.rope_scaling is not None:
         raise ConfigError("drafter config: dflash has its own default RoPE (no rope_scaling)")
+
+
+def shares_target_embedding(config: Any) -> bool:
+    """Whether the drafter's embedding and LM head are the target's own (convert from scratch), which
+    vLLM shares with the target; a drafter started from a backbone has its own (vocabulary-aligned)."""
+    return init_of(config) == "scratch"
 
 
 def _check_convert(config: Any) -> None:
     if config.target is None or config.store is None:
         raise ConfigError("convert --arch dflash needs both --target MODEL and --store STORE")
     if config.draft_vocab_size is not None:
-        raise ConfigError("convert --arch dflash: --draft-vocab does not apply; the drafter uses the target's own "
-                          "LM head over the full vocabulary")
+        raise ConfigError("convert --arch dflash: --draft-vocab does not apply; the drafter drafts over the "
+                          "full target vocabulary")
 
 
 def _check_export(config: Any, fmt: str) -> None:
     if fmt == "sglang":
         raise ConfigError("export --format sglang: the dflash drafter has no SGLang export yet (its DFLASH "
                           "algorithm is the next slice); use --format vllm or --format hf")
+    if fmt == "vllm" and not config.qk_norm:
+        raise ConfigError("export --format vllm: this dflash drafter was started from a Llama backbone and has no "
+                          "per-head q/k norms, which vLLM's DFlashDraftModel always applies, so vLLM would compute "
+                          "another model; `osprey eval live` serves it, and --format hf writes it")
+    if fmt == "vllm" and not shares_target_embedding(config):
+        raise ConfigError("export --format vllm: this dflash drafter has its own embedding and LM head (started "
+                          "from a backbone), which the vLLM layout does not carry yet; use --format hf")
 
 
 SPEC = DrafterSpec(
@@ -116,6 +142,8 @@ SPEC = DrafterSpec(
     model_class="osprey_train.drafters.dflash.model:DFlashDrafter",
     convert="osprey_train.drafters.dflash.convert:convert_dflash",
     needs_backbone=False,
+    accepts_backbone=True,
+    reduced_draft_vocab=False,
     study_layer_cost=0.5,
     tiny={"family": "qwen3", "qk_norm": True, "num_layers": 1, "draft_vocab_size": 384,
           "arch_options": {"block_size": 4, "mask_token_id": 3}},

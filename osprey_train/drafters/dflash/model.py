@@ -55,8 +55,14 @@ class DFlashAttention(nn.Module):
         self.k_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, width, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        # vLLM's layer always has per-head q/k norms; a drafter started from a Llama backbone has none
+        # (an RMSNorm is not the identity at any weight, so adding one would break "computes what the
+        # backbone computed")
+        if config.qk_norm:
+            self.q_norm: nn.Module = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm: nn.Module = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = nn.Identity()
 
     def context_kv(self, ctx_PD: torch.Tensor, cos_sin_1Pd: tuple[torch.Tensor, torch.Tensor]) -> LayerContext:
         """This layer's keys and values of the (hidden-normed) fused context."""

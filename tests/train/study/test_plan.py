@@ -95,3 +95,22 @@ def test_arch_options_of_an_arm_enter_its_convert_key_and_nothing_else_moves(spe
                     + 'arch_options = { block_size = 8 }\n')
     with pytest.raises(ConfigError, match="it takes none"):
         load_study(spec)
+
+
+def test_a_dflash_arm_with_backbone_true_converts_the_stage2_backbone_the_osprey_arm_uses(spec):
+    """Issue 44: DFlash from the Osprey backbone is an arm of the same study; from scratch stays the default."""
+    _, base = _keys(spec)
+    text = spec.read_text()
+    for name, extra in (("dflash", ""), ("dflash-bb", "backbone = true\nstage2 = \"plain\"\n")):
+        text += f'\n[[arms]]\nname = "{name}"\narch = "dflash"\n' + ("stage2 = \"none\"\n" if not extra else extra)
+    spec.write_text(text)
+    plan, _ = _keys(spec)
+    scratch, from_backbone = (plan.drafters[a, 0, "chat"].deps["init"] for a in ("dflash", "dflash-bb"))
+    assert "backbone" not in scratch.deps and from_backbone.deps["backbone"] is plan.pretrain["plain"]
+    assert from_backbone.deps["backbone"] is plan.drafters["osprey", 0, "chat"].deps["init"].deps["backbone"]
+    # dflash drafts over the full vocabulary: [distill] draft_vocab is the chain drafters' only
+    assert scratch.settings.draft_vocab is None and from_backbone.settings.draft_vocab is None
+    assert plan.drafters["osprey", 0, "chat"].deps["init"].settings.draft_vocab == 128
+    spec.write_text(text.replace("backbone = true\nstage2 = \"plain\"", "stage2 = \"plain\""))
+    with pytest.raises(ConfigError, match="stage2 applies to arms with a backbone; this dflash arm"):
+        load_study(spec)
