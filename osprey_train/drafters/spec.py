@@ -154,10 +154,17 @@ class DrafterSpec:
     reading a ``--format vllm`` export back (None: the document is another layout)."""
     sglang_algorithm: str | None = "EAGLE3"
     """``--speculative-algorithm`` SGLang serves the ``--format sglang`` export with."""
+    sglang_writer: str | None = None
+    """``"module:attribute"`` of an arch's own ``--format sglang`` writer (``(model, out, *, dtype,
+    source_dir, overwrite, serving) -> Path``), for a layout that is not the Llama-layer one of
+    :mod:`osprey_train.export.sglang` (dflash: SGLang's own ``DFlashDraftModel``)."""
+    sglang_loader: str | None = None
+    """``"module:attribute"`` of ``(export folder) -> Drafter`` reading that own layout back (with ``sglang_writer``)."""
 
     def load(self, hook: str) -> Any:
         """The object behind the reference field ``hook`` ('model_class', 'convert', 'objective',
-        'offline_drafts', 'live_session', 'sglang_reader', 'vllm_writer' or 'vllm_reader')."""
+        'offline_drafts', 'live_session', 'sglang_reader', 'sglang_writer', 'sglang_loader', 'vllm_writer'
+        or 'vllm_reader')."""
         reference = getattr(self, hook)
         if reference is None:
             raise ModelError(f"drafter arch {self.name!r} has no {hook}")

@@ -99,20 +99,30 @@ def recommend(sweep: str | Path | None) -> ServingRecommendation:
 
 
 def serving_doc(rec: ServingRecommendation, *, export_dir: Path, arch: str, target: str | None,
-                dtype: str) -> dict[str, Any]:
-    """The ``serving.json`` document of an SGLang export at ``export_dir`` whose weights are ``dtype``."""
+                dtype: str, block_size: int | None = None) -> dict[str, Any]:
+    """The ``serving.json`` document of an SGLang export at ``export_dir`` whose weights are ``dtype``.
+
+    ``block_size``: a block drafter (SGLang's DFLASH), which verifies its whole trained block each
+    round: ``--speculative-num-draft-tokens block_size``, one step, top-k 1 (SGLang forces both)."""
     draft_path = str(Path(export_dir).resolve())
     spec = drafter_spec(arch)
     env = dict(spec.serving_env)   # how SGLang finds the arch's model class
+    if block_size is None:
+        steps, topk, tokens, flags, note = (rec.shape.steps, rec.shape.topk, rec.shape.num_draft_tokens,
+                                            rec.shape.sglang_flags(), rec.note)
+    else:
+        steps, topk, tokens = 1, 1, block_size
+        flags = ["--speculative-num-draft-tokens", str(block_size)]
+        note = (f"the trained block: the last committed token and {block_size - 1} drafts, verified together each "
+                "round (SGLang's DFLASH runs on CUDA only)")
     args = ["python", "-m", "sglang.launch_server", "--model-path", target or "TARGET",
-            "--speculative-algorithm", spec.sglang_algorithm, "--speculative-draft-model-path", draft_path,
-            *rec.shape.sglang_flags()]
+            "--speculative-algorithm", spec.sglang_algorithm, "--speculative-draft-model-path", draft_path, *flags]
     launch = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.quote(a) for a in args])
     doc = {"format": SERVING_FORMAT, "version": 1, "engine": "sglang", "arch": arch,
            "speculative_algorithm": spec.sglang_algorithm, "speculative_draft_model_path": draft_path,
-           "speculative_num_steps": rec.shape.steps, "speculative_eagle_topk": rec.shape.topk,
-           "speculative_num_draft_tokens": rec.shape.num_draft_tokens, "tuned": rec.tuned, "sweep": rec.sweep,
-           "predicted": rec.predicted, "note": rec.note, "env": env, "target": target, "launch": launch,
+           "speculative_num_steps": steps, "speculative_eagle_topk": topk,
+           "speculative_num_draft_tokens": tokens, "tuned": rec.tuned, "sweep": rec.sweep,
+           "predicted": rec.predicted, "note": note, "env": env, "target": target, "launch": launch,
            "dtype": dtype}
     validate(doc, SCHEMA, where=str(Path(export_dir) / "serving.json"))
     return doc
@@ -135,9 +145,11 @@ def serving_readme(doc: dict[str, Any]) -> str:
         f"Architecture: {spec.serving_label}; "
         f"target: `{target}`; weights: {doc.get('dtype', 'float32')}.", "",
         "```bash", f"{install}{printable(doc['launch'])}", "```", "",
-        f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
-        f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"
-        f" ({_label(doc)}).", "",
+        (f"Block: `--speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`."
+         if doc["speculative_algorithm"] == "DFLASH" else
+         f"Tree: `--speculative-num-steps {doc['speculative_num_steps']} --speculative-eagle-topk "
+         f"{doc['speculative_eagle_topk']} --speculative-num-draft-tokens {doc['speculative_num_draft_tokens']}`"
+         f" ({_label(doc)})."), "",
         f"{doc['note']}", "",
         "The same flags are in `serving.json`. Move this folder and `--speculative-draft-model-path` moves with it.",
     ]

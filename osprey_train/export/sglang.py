@@ -20,7 +20,11 @@ by the external model class in ``osprey_train/drafters/osprey/sglang/model.py`` 
 With a reduced draft vocabulary, ``d2t`` / ``t2d`` are written as for EAGLE-3 (offsets; the class
 turns them into SGLang's ``hot_token_id``).
 
-Both come with ``serving.json`` and ``README.md``: the recommended ``--speculative-*`` flags
+DFlash drafter -> SGLang's own ``DFlashDraftModel`` (``--speculative-algorithm DFLASH``): the arch's
+own writer (its spec's ``sglang_writer``, :mod:`osprey_train.drafters.dflash.export`), the layout vLLM
+reads as well.
+
+All come with ``serving.json`` and ``README.md``: the recommended ``--speculative-*`` flags
 (:mod:`osprey_train.export.serving`).
 """
 
@@ -51,7 +55,7 @@ from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 from osprey_train.models.io import build_drafter
 
-__all__ = ["write_sglang", "read_sglang", "llama_layer_config"]
+__all__ = ["write_sglang", "read_sglang", "llama_layer_config", "write_sglang_folder"]
 
 WEIGHTS = "model.safetensors"
 
@@ -86,6 +90,9 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     cfg = model.config
     spec = drafter_spec(cfg.arch)
     spec.check_export(cfg, "sglang")
+    if spec.sglang_writer is not None:   # the arch's own layout (dflash: SGLang's DFlashDraftModel)
+        return spec.load("sglang_writer")(model, out, dtype=dtype, source_dir=source_dir, overwrite=overwrite,
+                                          serving=serving)
     if spec.sglang_architecture is None:   # a spec that lets sglang through must name the class
         raise ConfigError(f"export --format sglang: SGLang has no model class for the {cfg.arch!r} drafter; "
                           "use --format hf")
@@ -102,6 +109,12 @@ def write_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: P
     served = serving_doc(serving or recommend(None), export_dir=out, arch=cfg.arch,
                          target=None if cfg.target is None else cfg.target.name_or_path, dtype=dtype_name(dtype))
 
+    return write_sglang_folder(out, state, doc, served, source_dir=source_dir, overwrite=overwrite)
+
+
+def write_sglang_folder(out: Path, state: dict[str, torch.Tensor], doc: dict[str, Any], served: dict[str, Any], *,
+                        source_dir: Path | None, overwrite: bool) -> Path:
+    """Tensors, ``config.json`` = ``doc``, the side files, ``serving.json`` = ``served`` and its README, atomically."""
     def fill(tmp: Path) -> None:
         save_tensors(state, tmp / WEIGHTS)
         write_json(tmp / "config.json", doc)
@@ -116,13 +129,15 @@ def read_sglang(path: Path) -> Drafter:
     """Load an SGLang-layout export back into an Osprey drafter object (for checks / round trips)."""
     path = Path(path)
     doc = read_json(path / "config.json")
-    state = load_tensors(path / WEIGHTS)
     spec = spec_for_sglang_architecture((doc.get("architectures") or [None])[0])
+    if spec is not None and spec.sglang_loader is not None:
+        return spec.load("sglang_loader")(path)
     if spec is None or spec.sglang_reader is None:
         known = " or ".join(s.sglang_architecture for s in DRAFTERS.values() if s.sglang_reader)
         raise CheckpointError(f"{path / 'config.json'}: architectures {doc.get('architectures')} is not an "
                               f"Osprey SGLang export ({known})")
     config = spec.load("sglang_reader")(doc, path / "config.json")
+    state = load_tensors(path / WEIGHTS)
     if "d2t" in state:
         state["d2t"] = absolute_d2t(state["d2t"])
         state.pop("t2d", None)

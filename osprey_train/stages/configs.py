@@ -99,9 +99,11 @@ class ConvertConfig:
     """Output drafter folder."""
     arch: str = field(default="osprey", metadata={"choices": arch_names()})
     """A registered architecture (osprey_train/drafters/registry.py): osprey converts a pre-trained
-    backbone (needs --backbone); eagle3 makes a fresh EAGLE-3 baseline head (needs --target and --store)."""
+    backbone (needs --backbone); eagle3 makes a fresh EAGLE-3 baseline head (needs --target and --store);
+    dflash makes a block drafter (needs --target and --store; from scratch, or from --backbone)."""
     backbone: Path | None = None
-    """Pre-trained (pruned) HF backbone folder (Llama / Qwen2 / Qwen3); required for --arch osprey."""
+    """Pre-trained (pruned) HF backbone folder (Llama / Qwen2 / Qwen3); required for --arch osprey,
+    optional for --arch dflash (Llama / Qwen3: its layers, embedding and head in place of random ones)."""
     target: str | None = None
     """Target model (folder, .gguf, hub id) or just its tokenizer folder when --store is given."""
     store: str | None = None

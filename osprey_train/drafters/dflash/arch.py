@@ -26,7 +26,8 @@ __all__ = ["SPEC", "VLLM_ARCHITECTURE", "DEFAULT_BLOCK_SIZE", "DEFAULT_ANCHOR_FR
            "shares_target_embedding"]
 
 VLLM_ARCHITECTURE = "DFlashDraftModel"
-"""``architectures[0]`` of the vLLM export (vLLM's registry: ``qwen3_dflash.DFlashQwen3ForCausalLM``)."""
+"""``architectures[0]`` of the vLLM and SGLang exports (vLLM's registry: ``qwen3_dflash.DFlashQwen3ForCausalLM``;
+SGLang's: ``models/dflash.py``'s ``DFlashDraftModel``): one layout, read by both."""
 DEFAULT_BLOCK_SIZE = 8
 """Block slots when ``--arch-option block_size=`` is not given (speculators' and Model-Optimizer's default)."""
 DEFAULT_ANCHOR_FRACTION = 0.25
@@ -123,16 +124,16 @@ def _check_convert(config: Any) -> None:
 
 
 def _check_export(config: Any, fmt: str) -> None:
-    if fmt == "sglang":
-        raise ConfigError("export --format sglang: the dflash drafter has no SGLang export yet (its DFLASH "
-                          "algorithm is the next slice); use --format vllm or --format hf")
-    if fmt == "vllm" and not config.qk_norm:
-        raise ConfigError("export --format vllm: this dflash drafter was started from a Llama backbone and has no "
-                          "per-head q/k norms, which vLLM's DFlashDraftModel always applies, so vLLM would compute "
-                          "another model; `osprey eval live` serves it, and --format hf writes it")
-    if fmt == "vllm" and not shares_target_embedding(config):
-        raise ConfigError("export --format vllm: this dflash drafter has its own embedding and LM head (started "
-                          "from a backbone), which the vLLM layout does not carry yet; use --format hf")
+    # vLLM and SGLang both run the same DFlashDraftModel layout (Qwen3 layers, the target's embedding and head)
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(fmt)
+    if engine is not None and not config.qk_norm:
+        raise ConfigError(f"export --format {fmt}: this dflash drafter was started from a Llama backbone and has no "
+                          f"per-head q/k norms, which {engine}'s DFlashDraftModel always applies, so {engine} would "
+                          "compute another model; `osprey eval live` serves it, and --format hf writes it")
+    if engine is not None and not shares_target_embedding(config):
+        raise ConfigError(f"export --format {fmt}: this dflash drafter has its own embedding and LM head (started "
+                          f"from a backbone), which {engine}'s DFlashDraftModel does not take (it uses the "
+                          "target's); use --format hf")
 
 
 SPEC = DrafterSpec(
@@ -154,11 +155,14 @@ SPEC = DrafterSpec(
     vllm_writer="osprey_train.drafters.dflash.export:write_dflash_vllm",
     vllm_reader="osprey_train.drafters.dflash.export:read_dflash_vllm",
     vllm_method="dflash",
-    serving_label="DFlash (vLLM's DFlashDraftModel)",
+    serving_label="DFlash (`DFlashDraftModel`, vLLM's and SGLang's own class)",
     objective="osprey_train.drafters.dflash.objective:DFlashObjective.from_config",
     offline_drafts="osprey_train.drafters.dflash.drafting:draft_all_positions",
     live_session="osprey_train.drafters.dflash.drafting:DFlashSession",
     tree_drafting=False,
     sampled_acceptance=False,
-    sglang_algorithm=None,
+    sglang_architecture=VLLM_ARCHITECTURE,
+    sglang_algorithm="DFLASH",
+    sglang_writer="osprey_train.drafters.dflash.export:write_dflash_sglang",
+    sglang_loader="osprey_train.drafters.dflash.export:read_dflash_sglang",
 )

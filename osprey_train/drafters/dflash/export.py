@@ -1,4 +1,11 @@
-"""The DFlash drafter's vLLM layout: what vLLM 0.32 loads as ``DFlashDraftModel``, unchanged.
+"""The DFlash drafter's engine layout: what vLLM 0.32 and SGLang load as ``DFlashDraftModel``, unchanged.
+
+SGLang's ``models/dflash.py`` reads the same folder (``--speculative-algorithm DFLASH``; config via
+``speculative/dflash_utils.parse_dflash_draft_config``: ``dflash_config.target_layer_ids`` in the
+same decoder-layer-output convention, ``mask_token_id``, a top-level ``block_size``; tensors
+``layers.*``, ``fc``, ``hidden_norm``, ``norm``, the embedding and head taken from the target), so
+``--format sglang`` writes it again with ``serving.json`` and a README: SGLang verifies
+``--speculative-num-draft-tokens`` = the block size per round and runs DFLASH on CUDA only.
 
 What vLLM reads (``vllm/model_executor/models/qwen3_dflash.py``, ``v1/spec_decode/dflash.py``,
 ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``), and what this writer puts there:
@@ -34,12 +41,16 @@ from safetensors import safe_open
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
 from osprey_train.drafters.dflash.arch import VLLM_ARCHITECTURE, block_size_of, mask_token_of
+from osprey_train.drafters.registry import drafter_spec
 from osprey_train.export.common import cast_floating, dtype_name
-from osprey_train.export.vllm import vllm_readme, write_vllm_folder
+from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc
+from osprey_train.export.sglang import write_sglang_folder
+from osprey_train.export.vllm import read_vllm, vllm_readme, write_vllm_folder
 from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 
-__all__ = ["write_dflash_vllm", "read_dflash_vllm", "SHARED_WITH_TARGET", "target_layer_ids"]
+__all__ = ["write_dflash_vllm", "read_dflash_vllm", "write_dflash_sglang", "read_dflash_sglang", "SHARED_WITH_TARGET",
+           "target_layer_ids"]
 
 SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")
 """Tensors vLLM takes from the target when the export has none."""
@@ -55,11 +66,9 @@ def target_layer_ids(taps: TapLayers) -> list[int]:
     return [i - 1 for i in ids]
 
 
-def write_dflash_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
-                      speculative_tokens: int | None = None) -> Path:
-    """The ``DFlashDraftModel`` layout, which vLLM 0.32 loads natively (``method: dflash``)."""
+def _engine_layout(model: Drafter, dtype: torch.dtype) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json document, tensors) of the ``DFlashDraftModel`` layout both engines read."""
     cfg = model.config
-    steps = block_size_of(cfg) - 1 if speculative_tokens is None else speculative_tokens
     doc = {
         "architectures": [VLLM_ARCHITECTURE], "model_type": "qwen3",
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
@@ -77,8 +86,37 @@ def write_dflash_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_d
     }
     shared = () if cfg.target is None else SHARED_WITH_TARGET
     state = cast_floating({name: tensor for name, tensor in model.state_dict().items() if name not in shared}, dtype)
-    readme = vllm_readme(model, out, speculative_tokens=steps)
-    return write_vllm_folder(out, state, doc, source_dir, overwrite, readme)
+    return doc, state
+
+
+def write_dflash_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
+                      speculative_tokens: int | None = None) -> Path:
+    """The ``DFlashDraftModel`` layout, which vLLM 0.32 loads natively (``method: dflash``)."""
+    steps = block_size_of(model.config) - 1 if speculative_tokens is None else speculative_tokens
+    doc, state = _engine_layout(model, dtype)
+    return write_vllm_folder(out, state, doc, source_dir, overwrite, vllm_readme(model, out, speculative_tokens=steps))
+
+
+def write_dflash_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
+                        serving: ServingRecommendation | None = None) -> Path:
+    """The same layout for SGLang's ``DFlashDraftModel`` (``--speculative-algorithm DFLASH``), with
+    ``serving.json`` and ``README.md``: SGLang verifies the whole trained block each round
+    (``--speculative-num-draft-tokens block_size``)."""
+    cfg = model.config
+    drafter_spec(cfg.arch).check_export(cfg, "sglang")
+    if serving is not None and serving.tuned:
+        raise ConfigError("export --format sglang --sweep: a sweep's shapes are chains and trees; SGLang's DFLASH "
+                          "verifies the drafter's trained block each round (no tree to choose); export without --sweep")
+    doc, state = _engine_layout(model, dtype)
+    served = serving_doc(serving or recommend(None), export_dir=out, arch=cfg.arch,
+                         target=None if cfg.target is None else cfg.target.name_or_path, dtype=dtype_name(dtype),
+                         block_size=block_size_of(cfg))
+    return write_sglang_folder(out, state, doc, served, source_dir=source_dir, overwrite=overwrite)
+
+
+def read_dflash_sglang(path: Path) -> Drafter:
+    """An SGLang DFLASH export read back (the vLLM reader: the layout is the same)."""
+    return read_vllm(Path(path))
 
 
 def _target_tensors(doc: dict, where: Path) -> dict[str, torch.Tensor]:

@@ -184,9 +184,11 @@ class DFlashObjective(nn.Module):
         if weight_sum == 0:
             # no response position in this batch: a zero loss that still reaches every trainable weight
             zero = sum(p.sum() for p in drafter.parameters() if p.requires_grad) * 0.0
-            return zero, {"loss": 0.0, "anchors": 0.0}
+            return zero, {"loss": 0.0, "anchors": 0.0, "tokens": float(batch.input_ids_BT.numel())}
         loss = total / weight_sum
-        metrics = {"loss": float(loss.detach()), "anchors": float(anchors)}
+        # "tokens": the packed batch's slots, as the chain objective counts them (the trainer's tokens/s)
+        metrics = {"loss": float(loss.detach()), "anchors": float(anchors),
+                   "tokens": float(batch.input_ids_BT.numel())}
         for j in range(block - 1):
             if scored_J[j] > 0:
                 metrics[f"acc_k{j + 1}"] = float(correct_J[j] / scored_J[j])

@@ -13,7 +13,10 @@ Setup, tiny and fast: a random Llama target (4 heads of 64); an **Osprey** draft
 whole target converted (so it drafts the target's own next tokens) with seeded noise in its
 condition columns (so its drafts depend on the taps and W_c and are not all accepted); an
 **EAGLE-3** drafter converted from a store of the prompts (random, with a reduced draft
-vocabulary: the ``d2t`` path). Both exported with ``osprey export --format sglang`` in float32.
+vocabulary: the ``d2t`` path); a **DFlash** drafter (issue 44) converted from the same store with
+block ``S + 1``, served by SGLang's own ``DFlashDraftModel`` (``--speculative-algorithm DFLASH
+--speculative-num-draft-tokens S+1``; its offline walk drafts one block per round). All exported
+with ``osprey export --format sglang`` in float32.
 
 Per export, on the same prompt ids (rendered on our side, as ``osprey eval engine`` does): SGLang
 decodes greedily without and with ``--speculative-algorithm EAGLE3`` (S=3 steps, top-k 1, S+1
@@ -54,8 +57,7 @@ from osprey_data.store import StoreReader
 from osprey_train.engines.compare import first_difference, reconcile
 from osprey_train.engines.engine_eval import EngineEvalConfig
 from osprey_train.engines.engine_eval import run as engine_eval
-from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round
-from osprey_train.evaluation.chain_draft import draft_all_positions
+from osprey_train.evaluation.acceptance import acceptance_walk, has_verify_round, offline_drafts
 from osprey_train.evaluation.live_prompts import load_prompts
 from osprey_train.export import ExportConfig
 from osprey_train.export import run as export_run
@@ -86,13 +88,17 @@ def setup(tmp_path_factory, tiny_tokenizer):
                             topk=8, batch_size=4, progress=False))
     drafters = {"osprey": whole_target_osprey(target, work, layers=6, noise=0.005, taps=TAPS),
                 "eagle3": convert(ConvertConfig(arch="eagle3", target=str(target), store=str(store),
-                                                draft_vocab_size=128, out=work / "eagle3")).out}
+                                                draft_vocab_size=128, out=work / "eagle3")).out,
+                # issue 44: block STEPS + 1, so SGLang's DFLASH verifies the STEPS drafts the others do
+                "dflash": convert(ConvertConfig(arch="dflash", target=str(target), store=str(store),
+                                                arch_option=(f"block_size={STEPS + 1}",), out=work / "dflash")).out}
     return {"work": work, "target": target, "inputs": inputs, "store": store, "drafters": drafters}
 
 
 def _offline(drafter_dir: Path, store: Path) -> dict[str, dict]:
     """Per sample id: prompt and response ids of the store, and our offline walk of the drafter."""
     drafter = load_drafter(drafter_dir).eval()
+    draft = offline_drafts(drafter)   # the arch's own: chain steps, or one DFlash block per round
     reader = StoreReader(str(store))
     out = {}
     for i in range(len(reader)):
@@ -100,7 +106,7 @@ def _offline(drafter_dir: Path, store: Path) -> dict[str, dict]:
         ids = s.token_ids.tolist()
         walk = []
         if has_verify_round(s):
-            drafts = draft_all_positions(drafter, s.token_ids, s.hidden_TLD.float(), STEPS).cpu()
+            drafts = draft(drafter, s.token_ids, s.hidden_TLD.float(), STEPS).cpu()
             walk = acceptance_walk(ids, s.prompt_length, drafts.tolist())
         out[s.sample_id] = {"prompt_ids": ids[:s.prompt_length], "response_ids": ids[s.prompt_length:], "walk": walk}
     return out
@@ -124,7 +130,15 @@ def _strip_stop(ids: list[int], stops: set[int]) -> list[int]:
     return ids[:-1] if ids and ids[-1] in stops else ids
 
 
-@pytest.mark.parametrize("arch", ["osprey", "eagle3"])
+def _speculative_args(arch: str, export: Path) -> dict:
+    if arch == "dflash":   # SGLang's own DFlashDraftModel; one step, top-k 1, the block as draft tokens
+        return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(export),
+                "speculative_num_draft_tokens": STEPS + 1}
+    return {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(export),
+            "speculative_num_steps": STEPS, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": STEPS + 1}
+
+
+@pytest.mark.parametrize("arch", ["osprey", "eagle3", "dflash"])
 def test_sglang_decoding_is_lossless_and_accepts_what_we_measure_offline(setup, arch, monkeypatch):
     pytest.importorskip("sglang")
     from transformers import AutoTokenizer
@@ -142,8 +156,7 @@ def test_sglang_decoding_is_lossless_and_accepts_what_we_measure_offline(setup, 
                                      dtype="float32", overwrite=True)).out
     ids = [p.prompt_ids for p in prompts]
     plain = _generate(target, ids, stops)
-    spec = _generate(target, ids, stops, speculative_algorithm="EAGLE3", speculative_draft_model_path=str(export),
-                     speculative_num_steps=STEPS, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1)
+    spec = _generate(target, ids, stops, **_speculative_args(arch, export))
     problems, accepted = [], 0
     for p, a, b in zip(prompts, plain, spec):
         ours = offline[p.sample_id]

@@ -11,11 +11,10 @@ from click.testing import CliRunner
 from osprey_data.errors import ConfigError, InputError, SchemaError
 from osprey_data.target_model import TapLayers
 from osprey_train.drafters.osprey.model import OspreyDrafter
-from osprey_train.evaluation.cost_model import parse_cost
-from osprey_train.evaluation.sweep import SweepResult, SweepRow
 from osprey_train.evaluation.tree_shape import TreeShape
 from osprey_train.export import ExportConfig, run
 from osprey_train.models import DrafterConfig, save_drafter
+from tests.helpers.sweeps import write_sweep
 from tests.train.export.test_export import TARGET
 
 
@@ -26,22 +25,6 @@ def drafter_dir(tmp_path_factory):
     save_drafter(OspreyDrafter(DrafterConfig.from_name("tiny", target=TARGET,
                                                         tap_layers=TapLayers(layer_ids=(2, 3, 4)))), root / "d")
     return root / "d"
-
-
-def _sweep(path, *, cost=True, scale=1.0):
-    cost_model = parse_cost("example-gpu") if cost else None
-    rows = [SweepRow(shape=TreeShape.chain(3), acceptance_length=2.0 * scale, per_domain={"x": 2.0}, verify_rounds=10,
-                     tokens=20),
-            SweepRow(shape=TreeShape(steps=4, topk=2, num_draft_tokens=8), acceptance_length=2.6 * scale,
-                     per_domain={"x": 2.6}, verify_rounds=10, tokens=26)]
-    if cost_model:
-        for r in rows:
-            r.round_cost = cost_model.round_cost(r.shape)
-            r.speedup = cost_model.speedup(r.acceptance_length, r.shape)
-    res = SweepResult(rows=rows, drafter="d", store="s", draft_kv="sglang", num_samples=3, proxy_reason=None,
-                      cost=cost_model, assumptions=[])
-    path.write_text(json.dumps(res.to_dict()))
-    return path, res
 
 
 def test_default_recommendation_is_the_untuned_paper_chain(drafter_dir, tmp_path):
@@ -58,7 +41,7 @@ def test_default_recommendation_is_the_untuned_paper_chain(drafter_dir, tmp_path
 
 
 def test_sweep_best_shape_becomes_the_flags(drafter_dir, tmp_path):
-    sweep, res = _sweep(tmp_path / "sweep.json")
+    sweep, res = write_sweep(tmp_path / "sweep.json")
     assert res.best.shape == TreeShape(steps=4, topk=2, num_draft_tokens=8)
     result = CliRunner().invoke(_cli(), ["export", "--drafter", str(drafter_dir), "--format", "sglang",
                                          "--out", str(tmp_path / "e"), "--sweep", str(sweep)])
@@ -74,7 +57,7 @@ def test_sweep_best_shape_becomes_the_flags(drafter_dir, tmp_path):
 
 def test_a_best_shape_slower_than_plain_decoding_is_not_called_tuned(drafter_dir, tmp_path):
     """Issue #25: flags predicted at x0.87 were labelled "(tuned)"."""
-    sweep, res = _sweep(tmp_path / "slow.json", scale=0.5)   # AL 1.0 / 1.3: every shape slower
+    sweep, res = write_sweep(tmp_path / "slow.json", scale=0.5)   # AL 1.0 / 1.3: every shape slower
     assert res.best.speedup < 1
     result = CliRunner().invoke(_cli(), ["export", "--drafter", str(drafter_dir), "--format", "sglang",
                                          "--out", str(tmp_path / "e"), "--sweep", str(sweep)])
@@ -88,7 +71,7 @@ def test_a_best_shape_slower_than_plain_decoding_is_not_called_tuned(drafter_dir
 
 
 def test_bad_sweeps_are_refused_before_anything_is_written(drafter_dir, tmp_path):
-    no_cost, _ = _sweep(tmp_path / "nocost.json", cost=False)
+    no_cost, _ = write_sweep(tmp_path / "nocost.json", cost=False)
     with pytest.raises(ConfigError, match="no best shape"):
         run(ExportConfig(drafter=drafter_dir, format="sglang", out=tmp_path / "a", sweep=no_cost))
     broken = tmp_path / "broken.json"

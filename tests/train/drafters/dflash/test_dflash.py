@@ -31,6 +31,7 @@ from osprey_train.stages.defaults import distill_optim
 from osprey_train.stages.distill import DistillConfig
 from osprey_train.stages.distill import run as distill
 from osprey_train.trainer import LoopConfig
+from tests.helpers.sweeps import write_sweep
 from tests.train.models.tiny_targets import make_fake_store
 
 V, DT, TAPS, BLOCK = 384, 64, 3, 4
@@ -130,6 +131,7 @@ def test_anchors_are_response_tokens_and_training_learns_a_fixed_batch():
         optimizer.step()
         first = first if first is not None else float(loss.detach())
         assert metrics["anchors"] >= 1 and "acc_k1" in metrics
+        assert metrics["tokens"] == batch.input_ids_BT.numel()   # the progress bar's tok/s (was 0)
     assert float(loss) < 0.5 * first
     assert model.embed_tokens.weight.grad is None and model.lm_head.weight.grad is None   # the target's: frozen
 
@@ -213,8 +215,27 @@ def test_vllm_export_leaves_the_targets_pieces_out_and_reads_back(trained, tmp_p
     (out / "config.json").write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="needs the target's safetensors folder"):
         load_export(out, "vllm")
-    with pytest.raises(ConfigError, match="no SGLang export yet"):
-        export_run(ExportConfig(drafter=final, format="sglang", out=tmp_path / "sg"))
+
+
+def test_sglang_export_is_the_engine_layout_with_dflash_serving_flags(trained, tmp_path):
+    """SGLang's DFlashDraftModel reads the layout vLLM reads; serving.json says DFLASH and the block size."""
+    _, final = trained
+    model = load_drafter(final)
+    out = export_run(ExportConfig(drafter=final, format="sglang", out=tmp_path / "sg", dtype="float32")).out
+    vllm = export_run(ExportConfig(drafter=final, format="vllm", out=tmp_path / "vllm", dtype="float32")).out
+    doc, served = (json.loads((out / name).read_text()) for name in ("config.json", "serving.json"))
+    assert doc == json.loads((vllm / "config.json").read_text())
+    assert (out / "model.safetensors").read_bytes() == (vllm / "model.safetensors").read_bytes()
+    assert served["speculative_algorithm"] == "DFLASH" and served["speculative_num_draft_tokens"] == BLOCK
+    assert "--speculative-num-draft-tokens 4" in served["launch"] and "--speculative-eagle-topk" not in served["launch"]
+    assert "Block: `--speculative-num-draft-tokens 4`" in (out / "README.md").read_text()
+    back = load_export(out, "sglang")
+    ids, taps = sequence(10, 7)
+    torch.testing.assert_close(back.block_logits(ids, taps, torch.arange(1, 10), 4),
+                               model.block_logits(ids, taps, torch.arange(1, 10), 4))
+    sweep, _ = write_sweep(tmp_path / "sweep.json")
+    with pytest.raises(ConfigError, match="a sweep's shapes are chains and trees"):
+        export_run(ExportConfig(drafter=final, format="sglang", out=tmp_path / "sg2", sweep=sweep))
 
 
 def test_live_decoding_with_it_is_lossless(trained, tiny_llama_dir, tmp_path):
