@@ -75,7 +75,8 @@ class DrafterConfig:
     """The target this drafter was converted for (name, hashes, sizes), or None if unknown."""
     arch_options: dict = field(default_factory=dict)
     """Settings only its architecture has (plain JSON), checked by the arch's ``check_config``; the
-    chain archs have none (``{}``), a block drafter keeps its block size and mask token here."""
+    eagle3 has none (``{}``), osprey may say how W_c started (``w_c_init``), a block drafter keeps its block
+    size and mask token here."""
 
     def __post_init__(self) -> None:
         spec = drafter_spec(self.arch)

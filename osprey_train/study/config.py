@@ -333,6 +333,10 @@ class ArmSection:
     distill: DistillSection | None = None  # type: ignore[valid-type]
     """This arm's own values of ``[distill]`` keys, e.g. ``distill = { ttt_steps = 3 }``: the arm
     distills with ``[distill]`` and these replaced (None: ``[distill]`` as it is)."""
+    pretrain: PretrainSection | None = None  # type: ignore[valid-type]
+    """This arm's own values of ``[pretrain]`` keys, e.g. ``pretrain = { steps = 1600 }`` (a Stage-2 size
+    axis): its backbone is pretrained with ``[pretrain]`` and these replaced, one Stage 2 per distinct
+    setting, shared by the arms that name the same (None: ``[pretrain]`` as it is)."""
     arch_options: dict[str, int | float | bool | str] | None = None
     """Settings of the arm's architecture, written to its drafter's ``config.json`` at conversion
     (``osprey train convert --arch-option KEY=VALUE``), e.g. ``arch_options = { block_size = 16,
@@ -530,6 +534,10 @@ class StudyConfig:
                 _fail(at, f"an {arm.arch} arm needs a [prune] section (layers = N: the source's blocks it keeps)")
             if arm.distill is not None:
                 arm.distill.check(f"{at} distill")
+            if arm.pretrain is not None:
+                if not arm.uses_backbone or arm.stage2 == "none":
+                    _fail(at, "pretrain applies to arms whose backbone has a Stage 2 (stage2 = \"plain\" or \"kd\")")
+                arm.pretrain.check(f"{at} pretrain")
             if self.arm_distill(arm).target_dist == "full":
                 _fail(at, "target_dist = 'full' needs stores with final hidden states, which studies do not build; "
                           "use tail or renorm")
@@ -563,6 +571,18 @@ class StudyConfig:
         base = arm.distill if arm.distill is not None else self.distill
         return dataclasses.replace(base, steps=arm.steps or base.steps, lr=base.lr * arm.lr_scale)
 
+    def arm_pretrain(self, arm: ArmSection) -> Any:
+        """The ``[pretrain]`` settings of ``arm``'s Stage 2 (its own values replaced)."""
+        return arm.pretrain if arm.pretrain is not None else self.pretrain
+
+    def stage2_name(self, arm: ArmSection) -> str:
+        """Label of ``arm``'s Stage 2 in reports: its variant, and its token count when the arm sets
+        its own ``pretrain`` (``plain 3.3M``)."""
+        if arm.pretrain is None:
+            return arm.stage2
+        p = self.arm_pretrain(arm)
+        return f"{arm.stage2} {_tokens_label(p.steps * p.seq_len * p.batch_size)}"
+
     def arm_domains(self, arm: ArmSection) -> list[str]:
         """The adaptation domains of ``arm`` in study order."""
         names = [d.name for d in self.domains]
@@ -571,6 +591,13 @@ class StudyConfig:
     def domain(self, name: str) -> DomainSection:
         """The domain called ``name``."""
         return next(d for d in self.domains if d.name == name)
+
+
+def _tokens_label(tokens: int) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{unit}"
+    return str(tokens)
 
 
 # --- TOML -> dataclasses ------------------------------------------------------------------------
@@ -683,7 +710,7 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
     for name, cls in _SECTIONS.items():
         if name in doc:
             kwargs[name] = _parse_table(cls, doc[name], f"{where}: [{name}]", base)
-    overrides: dict[int, Any] = {}   # [[arms]] index -> its distill table, read once [distill] is
+    overrides: dict[tuple[int, str], Any] = {}   # ([[arms]] index, section) -> its table, read once the section is
     for name, cls in _LISTS.items():
         if name not in doc:   # [[targets]] is optional (the others are required above)
             continue
@@ -693,9 +720,10 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
         parsed = []
         for i, entry in enumerate(entries):
             label = entry.get("name") if isinstance(entry, dict) else None
-            if name == "arms" and isinstance(entry, dict) and "distill" in entry:
-                entry = dict(entry)
-                overrides[i] = entry.pop("distill")
+            for section in ("distill", "pretrain"):
+                if name == "arms" and isinstance(entry, dict) and section in entry:
+                    entry = dict(entry)
+                    overrides[i, section] = entry.pop(section)
             parsed.append(_parse_table(cls, entry, f"{where}: [[{name}]] #{i + 1}"
                                                    f"{f' {label!r}' if label else ''}", base))
         kwargs[name] = parsed
@@ -703,12 +731,16 @@ def parse_study(doc: dict[str, Any], *, path: Path | None = None, base: Path | N
         if not kwargs["targets"]:
             _fail(where, "[[targets]] is empty")
         kwargs["target"] = kwargs["targets"][0].model_section()
-    shared = kwargs.get("distill") or DistillSection()
-    for i, table in overrides.items():
+    sections = {"distill": DistillSection, "pretrain": PretrainSection}
+    for (i, section), table in overrides.items():
         arm = kwargs["arms"][i]
-        at = f"{where}: [[arms]] #{i + 1} {arm.name!r} distill"
-        own = _parse_table(DistillSection, table, at, base)   # types and known keys checked here
-        arm.distill = dataclasses.replace(shared, **{k: getattr(own, k) for k in table})
+        at = f"{where}: [[arms]] #{i + 1} {arm.name!r} {section}"
+        cls = sections[section]
+        if not isinstance(table, dict):
+            _fail(at, f"must be a table, e.g. {section} = {{ steps = 100 }}; got {type(table).__name__}")
+        own = _parse_table(cls, table, at, base)   # types and known keys checked here
+        shared = kwargs.get(section) or cls()
+        setattr(arm, section, dataclasses.replace(shared, **{k: getattr(own, k) for k in table}))
     return StudyConfig(path=path, **kwargs)
 
 

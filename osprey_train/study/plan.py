@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.corpus.packaged import packaged_corpus
+from osprey_data.errors import ConfigError
 from osprey_data.digest import file_sha256
 from osprey_data.target_model.fetch import GGUF_MEMBER, WHEEL_NAME, WHEEL_VERSION
 from osprey_train.drafters.registry import drafter_spec
@@ -164,7 +165,8 @@ class Plan:
     init_cells: dict[tuple[str, int, str], Node]
     """(arm, seed, domain) -> eval node of the converted drafter (``[eval] converted``)."""
     pretrain: dict[str, Node]
-    """Stage-2 variant ('plain' / 'kd') -> pretrain node."""
+    """Stage-2 name (the variant 'plain' / 'kd', with the token count of an arm's own ``pretrain``:
+    'plain 3.28M') -> pretrain node."""
     stores: dict[tuple[str, str, str], Node]
     """(domain, split, data) -> store node."""
     prompts: dict[tuple[str, str], Node]
@@ -289,8 +291,9 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
         prune = b.add(Node("prune", cfg.prune, {"source": source},
                            label=f"prune source to {cfg.prune.layers} blocks", cost=1))
 
-    def stage2(variant: str) -> Node:
+    def stage2(arm: ArmSection) -> Node:
         nonlocal corpus
+        variant, name = arm.stage2, cfg.stage2_name(arm)
         assert cfg.corpus is not None and prune is not None
         if corpus is None:
             # a packaged corpus enters by its pinned sha256 (known before it is fetched): the same
@@ -302,16 +305,20 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
                                 label="tokenize the generic corpus",
                                 cost=(sum(f.stat().st_size for f in cfg.corpus.files)
                                       + sum(c.bytes for c in packaged)) / 1e6))
-        p = cfg.pretrain
+        p = cfg.arm_pretrain(arm)
         deps = {"model": prune, "corpus": corpus}
         if variant == "kd":   # the teacher input makes the KD run; its kd_* settings apply to it only
             deps["teacher"] = source
         else:
             plain = type(p)()
             p = dataclasses.replace(p, kd_temperature=plain.kd_temperature, kd_weight=plain.kd_weight)
-        node = b.add(Node("pretrain", p, deps, label=f"stage 2 ({'distillation from the source' if variant == 'kd' else 'next-token prediction'})",
+        what = "distillation from the source" if variant == "kd" else "next-token prediction"
+        size = "" if name == variant else f", {name.split(' ', 1)[1]} tokens"
+        node = b.add(Node("pretrain", p, deps, label=f"stage 2 ({what}{size})",
                           cost=p.steps * p.seq_len * p.batch_size * (3.0 if variant == "kd" else 1.0) / 1000))
-        pretrain[variant] = node
+        if pretrain.setdefault(name, node) is not node:
+            raise ConfigError(f"{cfg.path}: two arms' Stage 2 settings differ but both read {name!r} (the same "
+                              "token count): give them the same pretrain table, or different sizes")
         return node
 
     drafters: dict[tuple[str, int, str], Node] = {}
@@ -332,7 +339,7 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
         for seed in arm.seeds:
             backbone, spec = None, drafter_spec(arm.arch)
             if arm.uses_backbone:
-                backbone = prune if arm.stage2 == "none" else pretrain.get(arm.stage2) or stage2(arm.stage2)
+                backbone = prune if arm.stage2 == "none" else stage2(arm)
             ds = dataclasses.replace(cfg.arm_distill(arm), seed=seed, eval_draft_steps=ev.draft_steps)
             for domain in cfg.arm_domains(arm):
                 train_store = stores[domain, "train", arm.train_data]

@@ -283,7 +283,7 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         spread = max(per) - min(per) if len(per) > 1 and None not in per else None
         backbone = drafter_spec(arm["arch"]).needs_backbone or bool(arm.get("backbone"))
         what = (f"{arm['arch']}" + (f" {arm['layers']}L" if not backbone else "")
-                + (f", Stage 2 {arm['stage2']}" if backbone else "")
+                + (f", Stage 2 {arm.get('stage2_name', arm['stage2'])}" if backbone else "")
                 + f", lr {arm['lr']:.0e}" + (", teacher-forced data" if arm["train_data"] != "regenerated" else ""))
         rows.append([f"`{arm['name']}`", what, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]),
                      str(len(m["seeds"])), _f(spread)])

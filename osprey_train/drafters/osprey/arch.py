@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from osprey_data.errors import ConfigError
-from osprey_train.drafters.spec import DrafterSpec, no_arch_options
+from osprey_train.drafters.spec import DrafterSpec
 
-__all__ = ["SPEC", "SGLANG_ARCHITECTURE", "SGLANG_PACKAGE", "VLLM_ARCHITECTURE", "VLLM_FAMILIES"]
+__all__ = ["SPEC", "SGLANG_ARCHITECTURE", "SGLANG_PACKAGE", "VLLM_ARCHITECTURE", "VLLM_FAMILIES", "W_C_INITS",
+           "w_c_init_of"]
 
 SGLANG_ARCHITECTURE = "OspreyDrafterForCausalLM"
 """The external SGLang model class shipped in ``osprey_train/drafters/osprey/sglang/model.py``."""
@@ -31,6 +32,27 @@ def _check_convert(config: Any) -> None:
     if config.eagle3_layers != 1:
         raise ConfigError("convert: --eagle3-layers applies to --arch eagle3 only (an Osprey drafter has the "
                           "backbone's layers)")
+
+
+W_C_INITS = ("random", "identity")
+"""``arch_options.w_c_init``: W_c drawn at random (the default, :func:`init_w_c`), or the identity on
+the deepest tap (the authors' public release; zero on the other taps, the leading ``min(D, Dt)``
+dimensions when the drafter and the target differ in width)."""
+
+
+def w_c_init_of(config: Any) -> str:
+    """How W_c was initialised (``random`` when the config does not say)."""
+    return str(config.arch_options.get("w_c_init", W_C_INITS[0]))
+
+
+def _check_config(config: Any) -> None:
+    unknown = sorted(set(config.arch_options) - {"w_c_init"})
+    if unknown:
+        raise ConfigError(f"drafter config: the osprey drafter's arch_options has unknown key(s) {unknown}; "
+                          "known: ['w_c_init']")
+    if w_c_init_of(config) not in W_C_INITS:
+        raise ConfigError(f"drafter config: osprey w_c_init must be one of {list(W_C_INITS)}, got "
+                          f"{config.arch_options['w_c_init']!r}")
 
 
 VLLM_FAMILIES = ("llama", "qwen2")
@@ -61,7 +83,8 @@ SPEC = DrafterSpec(
     default_draft_vocab=None,
     study_layer_cost=0.75,
     tiny={},
-    check_config=no_arch_options,
+    arch_option_keys=("w_c_init",),
+    check_config=_check_config,
     check_convert=_check_convert,
     check_export=_check_export,
     vllm_writer="osprey_train.drafters.osprey.export:write_osprey_vllm",

@@ -13,7 +13,8 @@ Steps (``osprey train convert --backbone DIR --target MODEL|--store STORE --out 
    drafter stores the draft -> target map ``d2t``; stats in ``draft_vocab.json``. On the kept
    tokens the drafter's logits are exactly the full-vocabulary ones;
 4. the backbone's decoder layers copied 1:1, q/k/v widened with zero-initialised columns that read
-   the condition, W_c initialised non-zero (see :func:`osprey_train.drafters.osprey.model.init_w_c` for why);
+   the condition, W_c initialised non-zero (see :func:`osprey_train.drafters.osprey.model.init_w_c` for why):
+   at random, or with ``--arch-option w_c_init=identity`` the identity on the deepest tap;
 5. ``model.safetensors`` + ``config.json`` (+ the target tokenizer) written atomically.
 """
 
@@ -28,7 +29,8 @@ import torch
 from osprey_data.errors import InputError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import peek_model_config
-from osprey_train.drafters.osprey.model import OspreyDrafter, init_w_c
+from osprey_train.drafters.osprey.arch import w_c_init_of
+from osprey_train.drafters.osprey.model import OspreyDrafter, identity_w_c, init_w_c
 from osprey_train.models.hf import copy_backbone_layers, drafter_config_from_hf, hf_family
 from osprey_train.models.io import write_drafter_folder
 from osprey_train.stages.configs import ConvertConfig
@@ -43,16 +45,19 @@ __all__ = ["convert_backbone", "convert_osprey"]
 
 @torch.no_grad()
 def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, seed: int = 0,
-                     where: str = "backbone", draft_ids: np.ndarray | None = None) -> tuple[Any, Any]:
+                     where: str = "backbone", draft_ids: np.ndarray | None = None,
+                     arch_options: dict | None = None) -> tuple[Any, Any]:
     """(OspreyDrafter, VocabAlignment) for an HF backbone model and a resolved target side.
 
     ``draft_ids`` (sorted target ids) makes a reduced draft vocabulary: the LM head keeps those rows.
+    ``arch_options``: ``w_c_init`` (``random``, the default, or ``identity`` on the deepest tap).
     """
     identity = side.identity
     draft_vocab_size = identity.vocab_size if draft_ids is None else int(len(draft_ids))
     config = drafter_config_from_hf(
         backbone.config, where=where, vocab_size=identity.vocab_size, draft_vocab_size=draft_vocab_size,
         target_hidden_size=identity.hidden_size, tap_layers=side.taps, target=identity,
+        arch_options=dict(arch_options or {}),
     )
     embed_VsD = backbone.get_input_embeddings().weight.detach().float()
     head = backbone.get_output_embeddings()
@@ -76,7 +81,9 @@ def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, 
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        init_w_c(drafter.w_c)
+        init_w_c(drafter.w_c)   # drawn either way, so that the seed's stream is the same for both inits
+        if w_c_init_of(config) == "identity":
+            identity_w_c(drafter.w_c, config.num_taps)
     finally:
         torch.random.set_rng_state(generator_state)
     return drafter.eval(), alignment
@@ -104,7 +111,8 @@ def convert_osprey(config: ConvertConfig) -> ConvertResult:
         if len(draft_ids) == side.identity.vocab_size:
             draft_ids = None  # every target token: the full vocabulary, no map needed
     drafter, alignment = convert_backbone(backbone, source_tokenizer, side, seed=config.seed,
-                                          where=str(config.backbone), draft_ids=draft_ids)
+                                          where=str(config.backbone), draft_ids=draft_ids,
+                                          arch_options=dict(config.arch_options))
     stats = {**alignment.stats(), "backbone": str(config.backbone),
              "target": side.identity.name_or_path, "tap_layers": side.taps.to_dict()}
     extra = {STATS_FILE: stats}

@@ -121,6 +121,20 @@ class OspreyDrafter(Drafter):
 
 
 @torch.no_grad()
+def identity_w_c(linear: nn.Linear, num_taps: int) -> None:
+    """W_c = the identity on the deepest tap, zero on the others (the authors' public initialisation):
+    at step 0 the condition is the deepest tap itself, which ``cond_norm`` scales like a hidden state.
+    Widths that differ keep the leading ``min(D, Dt)`` dimensions. Non-zero, so the argument of
+    :func:`init_w_c` holds: the extra q/k/v columns get a gradient at step 0."""
+    out_features, in_features = linear.weight.shape
+    tap_width = in_features // num_taps
+    width = min(out_features, tap_width)
+    linear.weight.zero_()
+    deepest = (num_taps - 1) * tap_width
+    linear.weight[:width, deepest:deepest + width] = torch.eye(width, dtype=linear.weight.dtype)
+
+
+@torch.no_grad()
 def init_w_c(linear: nn.Linear) -> None:
     """W_c ~ N(0, 1/fan_in): non-zero on purpose.
 

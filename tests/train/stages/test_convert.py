@@ -261,3 +261,27 @@ def test_draft_vocab_options_are_checked(pair, tmp_path):
                                    "--target", str(root / "tok"), "--draft-vocab", "320", "--out", str(tmp_path / "c")])
     assert res.exit_code == 0, res.output
     assert load_drafter(tmp_path / "c").draft_to_target is None
+
+
+def test_w_c_identity_on_the_deepest_tap_is_an_option_that_keeps_the_function(pair, converted, tmp_path):
+    """Issue 34: the authors' public W_c initialisation, beside ours (random). The drafter's function at
+    step 0 is the backbone's either way (the condition only enters through zero columns)."""
+    backbone, target, _ = pair
+    out = run(ConvertConfig(backbone=backbone, target=str(target), out=tmp_path / "id",
+                            arch_option=('w_c_init="identity"',))).out
+    ident, rand = load_drafter(out), load_drafter(converted.out)
+    assert ident.config.arch_options == {"w_c_init": "identity"} and rand.config.arch_options == {}
+    w = ident.w_c.weight
+    d, dt, taps = ident.config.hidden_size, ident.config.target_hidden_size, ident.config.num_taps
+    m = min(d, dt)
+    assert torch.equal(w[:m, (taps - 1) * dt:(taps - 1) * dt + m], torch.eye(m))
+    assert int(torch.count_nonzero(w)) == m                       # zero on the other taps and dimensions
+    # the same function as the random init (zero extra columns), and gradients reach the columns at step 0
+    torch.testing.assert_close(_loss(ident), _loss(rand))
+    ident.train()
+    _loss(ident).backward()
+    assert float(ident.model.layers[0].self_attn.q_proj.weight.grad[:, d:].abs().max()) > 0
+    with pytest.raises(ConfigError, match="w_c_init must be one of"):
+        run(ConvertConfig(backbone=backbone, target=str(target), out=tmp_path / "bad", arch_option=('w_c_init="eye"',)))
+    with pytest.raises(ConfigError, match="not an option of the 'osprey' arch"):
+        ConvertConfig(backbone=backbone, target=str(target), out=tmp_path / "bad2", arch_option=("block_size=4",))

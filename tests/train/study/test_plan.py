@@ -114,3 +114,29 @@ def test_a_dflash_arm_with_backbone_true_converts_the_stage2_backbone_the_osprey
     spec.write_text(text.replace("backbone = true\nstage2 = \"plain\"", "stage2 = \"plain\""))
     with pytest.raises(ConfigError, match="stage2 applies to arms with a backbone; this dflash arm"):
         load_study(spec)
+
+
+def test_arms_with_their_own_pretrain_make_a_stage2_axis_and_share_equal_settings(spec):
+    """Issue 34: a Stage-2 size axis. Each distinct pretrain table is one Stage 2 (its key and its
+    report name carry the size); arms naming the same one share it; the shared [pretrain] keeps its key."""
+    _, base = _keys(spec)
+    text = spec.read_text()
+    for name, steps in (("osprey-s1", 1), ("osprey-s4", 4), ("osprey-s4-wc", 4)):
+        text += (f'\n[[arms]]\nname = "{name}"\narch = "osprey"\nstage2 = "plain"\npretrain = {{ steps = {steps} }}\n'
+                 + ('arch_options = { w_c_init = "identity" }\n' if name.endswith("wc") else ""))
+    spec.write_text(text)
+    plan, keys = _keys(spec)
+    assert all(keys[k] == v for k, v in base.items())            # nothing finished before moves
+    backbone = {a: plan.drafters[a, 0, "chat"].deps["init"].deps["backbone"] for a in
+                ("osprey", "osprey-s1", "osprey-s4", "osprey-s4-wc")}
+    assert len({n.key for n in backbone.values()}) == 3 and backbone["osprey-s4"] is backbone["osprey-s4-wc"]
+    assert backbone["osprey"] is plan.pretrain["plain"] and backbone["osprey-s1"].settings.steps == 1
+    sizes = sorted(n for n in plan.pretrain if n.startswith("plain "))
+    assert len(sizes) == 2 and all(plan.pretrain[n].label.endswith(" tokens)") for n in sizes)
+    # a pretrain table on an arm without a Stage 2 is refused, naming the arm
+    spec.write_text(text + '\n[[arms]]\nname = "e3"\narch = "eagle3"\nstage2 = "none"\npretrain = { steps = 2 }\n')
+    with pytest.raises(ConfigError, match=r"#\d+ 'e3': pretrain applies to arms whose backbone has a Stage 2"):
+        load_study(spec)
+    spec.write_text(text.replace("pretrain = { steps = 1 }", "pretrain = { stepz = 1 }"))
+    with pytest.raises(ConfigError, match=r"'osprey-s1' pretrain: unknown key 'stepz'"):
+        load_study(spec)

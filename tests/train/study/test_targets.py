@@ -167,9 +167,8 @@ def test_a_study_of_two_targets_runs_on_cuda(tmp_path, tiny_llama_dir, other_tar
     assert len(live) == 2 and all(r["greedy_identical"] == r["num_prompts"] for r in live), live
 
 
-@pytest.mark.parametrize("name", ["cross-target-cpu", "cross-target-gpu"])
-def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp_path, name):
-    """The shipped files parse and plan (their data paths pointed at tiny copies; nothing is fetched)."""
+def _shipped_with_tiny_data(tmp_path, name):
+    """A shipped study file with its data paths pointed at tiny copies under ``tmp_path``."""
     from pathlib import Path
 
     from tests.helpers.tiny_study import TINY_STUDY_DOMAINS, _write_prompts
@@ -178,6 +177,8 @@ def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp
     (data / "prompts").mkdir(parents=True)
     (data / "corpus").mkdir()
     (data / "corpus" / "brown.jsonl").write_text('{"text": "some generic text"}\n')
+    (data / "corpus" / "stage2-gpu").mkdir()
+    (data / "corpus" / "stage2-gpu" / "shard-0.jsonl").write_text('{"text": "some generic text"}\n')
     for domain in ("chat", "code", "math"):
         for split in ("train", "eval"):
             _write_prompts(data / "prompts" / f"{domain}.{split}.jsonl", domain, TINY_STUDY_DOMAINS["chat"])
@@ -188,10 +189,33 @@ def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp
     notes = src.with_suffix(".notes.md")     # a [report] notes file travels with its study
     if notes.is_file():
         (spec.parent / notes.name).write_text(notes.read_text())
+    return spec
+
+
+@pytest.mark.parametrize("name", ["cross-target-cpu", "cross-target-gpu", "dflash-cpu", "stage2-scaling-cpu",
+                                  "stage2-scaling-gpu"])
+def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp_path, name):
+    """The shipped files parse and plan (their data paths pointed at tiny copies; nothing is fetched)."""
+    spec = _shipped_with_tiny_data(tmp_path, name)
     cfg = load_study(spec)
     assert [t.name for t in cfg.targets] == ["smollm2", "qwen-coder"]
     plan = build_plan(cfg)
     kinds = [n.kind for n in plan.nodes]
-    assert kinds.count("prune") == 1 and kinds.count("pretrain") == 1
+    sizes = 1 if "scaling" not in name else 4 if name.endswith("gpu") else 5   # the Stage-2 axis (issue 34)
+    assert kinds.count("prune") == 1 and kinds.count("pretrain") == sizes
     assert {n.target for n in plan.nodes if n.kind == "convert"} == {"smollm2", "qwen-coder"}
     assert cfg.for_target("qwen-coder").stores.taps == (2, 12, 21)
+
+
+def test_the_stage2_scaling_study_shares_dflash_cpus_stages(tmp_path):
+    """Run in one study folder, stage2-scaling-cpu reuses dflash-cpu's stores, backbone, Stage 2 and
+    its osprey and eagle3 drafters: the same keys (issue 34: the CPU budget)."""
+    plans = {name: build_plan(load_study(_shipped_with_tiny_data(tmp_path / name, name)))
+             for name in ("dflash-cpu", "stage2-scaling-cpu")}
+    keys = {name: {(n.target, n.label): n.key for n in plan.nodes if n.key != "pending"}
+            for name, plan in plans.items()}
+    shared = set(keys["dflash-cpu"]) & set(keys["stage2-scaling-cpu"])
+    assert {label for _, label in shared} >= {"smollm2: store chat train", "prune source to 2 blocks",
+                                              "stage 2 (next-token prediction)", "qwen-coder: distill osprey seed 1 on math",
+                                              "smollm2: distill eagle3 seed 0 on code"}
+    assert all(keys["dflash-cpu"][k] == keys["stage2-scaling-cpu"][k] for k in shared)
