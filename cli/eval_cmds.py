@@ -70,6 +70,7 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
       osprey eval acceptance --drafter runs/osprey/final --store stores/eval --steps 4
       osprey eval acceptance --drafter runs/osprey/final --store stores/eval --tree 5,4,8 --tree 3,1,4
       osprey eval acceptance --drafter runs/osprey/final --store stores/eval-t0.7 --temperature 0.7
+      osprey eval acceptance --drafter runs/osprey/final --store stores/eval --profile runs/osprey/final/speculation_profile.json
     """
     import json
 
@@ -85,6 +86,8 @@ def acceptance(trees: tuple[str, ...], draft_kv: str, as_json: bool, **params: A
 
     if _given("steps"):
         raise ConfigError("acceptance: --steps is for chain drafting; with --tree give the steps in STEPS,TOPK,N")
+    if config.profile is not None:
+        raise ConfigError("acceptance: --profile describes chain drafting (per draft position); run it without --tree")
     reports = tree_acceptance.run(tree_acceptance.TreeAcceptanceConfig(
         drafter=config.drafter, store=config.store, trees=_tree_shapes(trees), draft_kv=draft_kv,
         max_samples=config.max_samples, device=config.device, attention=config.attention,

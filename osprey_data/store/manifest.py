@@ -158,6 +158,14 @@ class Manifest:
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.shards)
 
+    def digest(self) -> str:
+        """sha256 naming the store's content: its header and every visible shard's commit hash, in order.
+        Two stores with the same digest hold the same samples; a resumed or merged build that adds a
+        shard gets a new one."""
+        doc = {"header_sha256": header_hash(self.header),
+               "shards": [[s.shard_id, s.commit_sha256] for s in self.shards]}
+        return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
     def arrays(self) -> dict[str, dict[str, Any]]:
         """Logical per-token arrays of the store with their logical dtype and codec."""
         h = self.header

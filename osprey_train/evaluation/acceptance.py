@@ -64,8 +64,10 @@ from osprey_train.evaluation.sampled_acceptance import (
     acceptance_factors,
     draft_path_probs,
     expected_rounds,
+    sampling_temperature,
     store_temperature_reason,
 )
+from osprey_train.evaluation.speculation_profile import build_profile, write_profile
 from osprey_train.models import load_drafter
 
 __all__ = ["AcceptanceConfig", "AcceptanceReport", "RoundTally", "acceptance_walk", "evaluate_acceptance",
@@ -101,6 +103,9 @@ class AcceptanceReport:
     per_domain_samples: dict[str, int] = field(default_factory=dict)
     tree: dict | None = None
     """Tree drafting: ``{steps, topk, num_draft_tokens, kv}`` (:mod:`tree_acceptance`); None = chain."""
+    length_histogram: dict[str, int] | None = None
+    """Greedy chain: verify rounds by the tokens each yielded (``"1"``: no draft accepted, up to
+    ``S + 1``); the per-step acceptance length is its mean. None for tree and sampled reports."""
     sampled: dict | None = None
     """Speculative sampling at a temperature (:func:`sampled_reports`): ``{temperature, ci95,
     tail_bounds, per_domain: {d: {acceptance_length, ci95, ...}}, per_position_ci95, ...}``;
@@ -111,6 +116,8 @@ class AcceptanceReport:
         out = asdict(self)
         if self.sampled is None:
             del out["sampled"]  # greedy reports keep their exact JSON
+        if self.length_histogram is None:
+            del out["length_histogram"]
         return out
 
     def to_json(self) -> str:
@@ -249,6 +256,7 @@ class RoundTally:
         self.rounds: dict[str, int] = defaultdict(int)
         self.samples: dict[str, int] = defaultdict(int)
         self.judged: list[tuple[int, int]] = []  # (accepted, compared) per round
+        self.lengths: dict[int, int] = defaultdict(int)   # tokens yielded -> rounds
 
     def add(self, domain: str, walk: list[tuple[int, int, int]]) -> None:
         """One sample's rounds (:func:`acceptance_walk` / :func:`walk_rounds` output)."""
@@ -257,6 +265,7 @@ class RoundTally:
             self.tokens[domain] += emitted
             self.rounds[domain] += 1
             self.judged.append((accepted, compared))
+            self.lengths[emitted] += 1
 
     def report(self, steps: int, *, consistency: float, reason: str | None, store: str | None,
                tree: dict | None = None) -> AcceptanceReport:
@@ -267,7 +276,8 @@ class RoundTally:
             per_position=per_position_rates(self.judged, steps),
             num_samples=sum(self.samples.values()), num_verify_steps=total_rounds, num_tokens=total_tokens,
             greedy_consistency=consistency, proxy=reason is not None, proxy_reason=reason, store=store,
-            per_domain_samples=dict(self.samples), tree=tree)
+            per_domain_samples=dict(self.samples), tree=tree,
+            length_histogram=None if tree is not None else {str(k): self.lengths[k] for k in sorted(self.lengths)})
 
 
 def offline_drafts(drafter):
@@ -425,9 +435,23 @@ def load_drafter_and_store(drafter_dir, store: str, *, device: str = "cpu", comm
 
 
 def run(cfg: AcceptanceConfig) -> AcceptanceReport:
-    """Open the store, load the drafter, check they belong together, and simulate."""
+    """Open the store, load the drafter, check they belong together, and simulate (``cfg.profile``:
+    and write the drafter's speculation profile on this store)."""
     with torch_threads(cfg.threads, note_to_stderr if cfg.progress else None):
         drafter, reader = load_drafter_and_store(cfg.drafter, cfg.store, device=cfg.device)
-        return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
-                                   impl=cfg.attention, progress=cfg.progress, temperature=cfg.temperature,
-                                   allow_temperature_mismatch=cfg.allow_temperature_mismatch)
+
+        def measure(temperature: float, allow: bool) -> AcceptanceReport:
+            return evaluate_acceptance(drafter, reader, steps=cfg.steps, max_samples=cfg.max_samples or None,
+                                       impl=cfg.attention, progress=cfg.progress, temperature=temperature,
+                                       allow_temperature_mismatch=allow)
+
+        report = measure(cfg.temperature, cfg.allow_temperature_mismatch)
+        if cfg.profile is not None:
+            greedy = report if cfg.temperature == 0 else measure(0.0, False)
+            stored = sampling_temperature(reader.header)
+            sampled = None
+            if stored > 0 and drafter_spec(drafter.config.arch).sampled_acceptance:
+                sampled = report if cfg.temperature == stored else measure(stored, False)
+            write_profile(cfg.profile, build_profile(greedy, drafter=drafter, drafter_path=cfg.drafter, reader=reader,
+                                                     sampled=sampled, conditions={"max_samples": cfg.max_samples}))
+        return report

@@ -76,9 +76,15 @@ class AcceptanceConfig(DraftingOptions):
     store: str
     """Eval store (responses generated greedily by the target for an exact figure; sampled from it
     at the serving temperature for ``temperature > 0``)."""
+    profile: Path | None = None
+    """Also write this speculation_profile.json (Model-Optimizer's fields, read by serving tools): greedy
+    acceptance per draft position, and at the store's sampling temperature when it has one; the draft
+    length, the target's identity and the store's digest. ``osprey export`` copies it into the export."""
 
     def __post_init__(self) -> None:
         self.drafter = Path(self.drafter)
+        if self.profile is not None:
+            self.profile = Path(self.profile)
         self.check_drafting("acceptance")
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 from osprey_data.cpu_threads import check_threads, note_to_stderr, torch_threads
 from osprey_data.errors import ConfigError
 from osprey_train.drafters.registry import drafter_spec
+from osprey_train.evaluation.speculation_profile import check_profile
 from osprey_train.export.common import DTYPES, check_representable
 from osprey_train.export.hf import read_hf, write_hf
 from osprey_train.export.serving import ServingRecommendation, recommend
@@ -87,6 +88,7 @@ def run(config: ExportConfig) -> ExportResult:
         extra["serving"] = recommend(config.sweep)
     # the drafter's config.json decides the checks: they fail before its weights load
     drafter_config = read_drafter_config(config.drafter)
+    check_profile(config.drafter)   # a stale speculation_profile.json is refused, not copied
     drafter_spec(drafter_config.arch).check_export(drafter_config, config.format)   # the writer checks it again
     serving = extra.get("serving")
     if serving is not None and serving.shape.topk > drafter_config.draft_vocab_size:

@@ -23,9 +23,11 @@ __all__ = ["DTYPES", "dtype_name", "cast_floating", "check_representable", "writ
            "t2d_mask", "read_json", "save_tensors", "load_tensors", "SIDE_FILES"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Files next to a drafter that travel with every export (tokenizer of the target, stats).
+# Files next to a drafter that travel with every export (tokenizer of the target, stats, and the
+# speculation profile, which export checks against the weights first: check_profile)
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-              "vocab.json", "merges.txt", "tokenizer.model", "alignment_stats.json", "draft_vocab.json")
+              "vocab.json", "merges.txt", "tokenizer.model", "alignment_stats.json", "draft_vocab.json",
+              "speculation_profile.json")
 
 
 def dtype_name(dtype: torch.dtype) -> str:

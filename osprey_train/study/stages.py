@@ -38,6 +38,7 @@ from osprey_data.target_model.packaged import fetch_packaged
 from osprey_train.evaluation.acceptance import evaluate_acceptance
 from osprey_train.evaluation.live import LiveConfig
 from osprey_train.evaluation.live import run as live_run
+from osprey_train.evaluation.speculation_profile import PROFILE_FILE, build_profile, write_profile
 from osprey_train.models import load_drafter
 from osprey_train.stages.convert import ConvertConfig
 from osprey_train.stages.convert import run as convert
@@ -211,6 +212,9 @@ def _eval(ctx: StageContext, node: Node, inputs: Inputs, work: Path) -> dict[str
     doc = report.to_dict()
     doc["store"] = None   # a path, not a result
     write_json(work / OUTPUTS["eval"], doc)
+    # the drafter's speculation profile on this store, for serving tools (issue 33)
+    write_profile(work / PROFILE_FILE, build_profile(report, drafter=drafter, drafter_path=inputs.out("drafter"),
+                                                     reader=reader))
     return doc
 
 

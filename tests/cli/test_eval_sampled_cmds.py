@@ -95,3 +95,24 @@ def test_sweep_and_matrix_at_a_temperature(stores, tmp_path):
     m = json.loads((tmp_path / "m" / "matrix.json").read_text())
     assert m["temperature"] == 1.0 and m["values"][0][0] == pytest.approx(single["overall"], rel=1e-12)
     assert "speculative sampling at T=1" in res.output
+
+
+def test_the_profile_of_a_sampled_store_has_both_greedy_and_its_temperature(stores, tmp_path):
+    """Issue 33: --profile measures greedy acceptance and, on a store sampled at T, the expected
+    acceptance at T; a greedy run with --tree refuses it."""
+    drafter, _, sampled = stores
+    profile = tmp_path / "speculation_profile.json"
+    res = invoke("eval", "acceptance", "--drafter", drafter, "--store", sampled, "--steps", 3, "--profile", profile,
+                 "--json")
+    assert res.exit_code == 0, res.output
+    greedy, doc = json.loads(res.stdout), json.loads(profile.read_text())
+    validate(doc, "speculation-profile.v1.json", where=str(profile))
+    assert doc["mean_accept_length"] == pytest.approx(greedy["overall"], abs=1e-6)
+    at_t = json.loads(invoke("eval", "acceptance", "--drafter", drafter, "--store", sampled, "--steps", 3,
+                             "--temperature", 1.0, "--json").stdout)
+    assert doc["osprey"]["sampled"]["temperature"] == 1.0
+    assert doc["osprey"]["sampled"]["mean_accept_length"] == pytest.approx(at_t["overall"], abs=1e-6)
+    assert doc["osprey"]["store"]["generation"]["temperature"] == 1.0
+    res = invoke("eval", "acceptance", "--drafter", drafter, "--store", sampled, "--tree", "3,1,4",
+                 "--profile", tmp_path / "t.json")
+    assert res.exit_code == 2 and "--profile describes chain drafting" in res.output

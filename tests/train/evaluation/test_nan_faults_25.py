@@ -22,7 +22,7 @@ from osprey_train.export import ExportConfig, run
 from osprey_train.export.serving import recommend
 from osprey_train.models import DrafterConfig, load_drafter, save_drafter
 from tests.train.export.test_export import TARGET
-from tests.train.export.test_serving import _sweep
+from tests.helpers.sweeps import write_sweep
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_cli_export_and_eval_of_a_nan_drafter_are_one_line(drafter_dir, tmp_path
 
 
 def test_a_sweep_row_with_an_absurd_topk_never_reaches_the_flags(drafter_dir, tmp_path):
-    path, _ = _sweep(tmp_path / "sweep.json")
+    path, _ = write_sweep(tmp_path / "sweep.json")
     doc = json.loads(path.read_text())
     doc["best"]["topk"] = 10**9
     path.write_text(json.dumps(doc))
@@ -128,7 +128,7 @@ def test_a_best_topk_beyond_the_draft_vocabulary_is_refused(tmp_path):
     from osprey_train.models.io import build_drafter
 
     save_drafter(build_drafter(small), tmp_path / "d8")
-    path, _ = _sweep(tmp_path / "sweep.json")
+    path, _ = write_sweep(tmp_path / "sweep.json")
     doc = json.loads(path.read_text())
     doc["best"].update(steps=2, topk=16, num_draft_tokens=8)
     path.write_text(json.dumps(doc))
@@ -137,7 +137,7 @@ def test_a_best_topk_beyond_the_draft_vocabulary_is_refused(tmp_path):
 
 
 def test_a_nan_speedup_in_a_sweep_file_is_refused(tmp_path):
-    path, _ = _sweep(tmp_path / "sweep.json")
+    path, _ = write_sweep(tmp_path / "sweep.json")
     doc = json.loads(path.read_text())
     doc["best"]["speedup"] = float("nan")
     path.write_text(json.dumps(doc))

@@ -59,6 +59,10 @@ def test_every_stage_runs_once_and_is_complete(finished):
     for node in plan.drafters.values():
         assert (stage_dir(out, node) / "run" / "final" / "config.json").is_file()
         assert not (stage_dir(out, node) / "run" / "checkpoints").exists()
+    # every eval cell also leaves the drafter's speculation profile on that store (issue 33)
+    for node in plan.cells.values():
+        profile = json.loads((stage_dir(out, node) / "speculation_profile.json").read_text())
+        assert profile["mean_accept_length"] == pytest.approx(read_record(out, node)["result"]["overall"], abs=1e-6)
     live = read_record(out, plan.live)["result"]
     assert live["greedy_identical"] == live["num_prompts"] == 2
     # 'best' = the highest in-domain cell
