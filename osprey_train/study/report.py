@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from osprey_train.study.stage2_axis import plot_axis, render_axis, stage2_axis
 from osprey_data.atomic import atomic_file, write_json, write_text
 from osprey_data.errors import ConfigError
 from osprey_data.text import printable
@@ -349,6 +350,8 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         if teacher:
             lines += ["", f"The unpruned source itself: {teacher:.1f}."]
         lines += [""]
+    if results.get("stage2_axis"):
+        lines += render_axis(results["stage2_axis"])
     live = results.get("live")
     if live:
         lines += ["## Live speculative decoding", "",
@@ -521,6 +524,7 @@ def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | N
     claims = check_claims(results)
     results["claims"] = claims
     results["plateau"] = plateau_rows(results)
+    results["stage2_axis"] = stage2_axis(results)
     files = [write_json(folder / "results.json", results, default=str),
              write_text(folder / "matrix.md", render_matrix_md(results))]
     files += _heatmaps(results, folder)
@@ -528,6 +532,8 @@ def _write_report(study: StudyConfig, out: Path, folder: Path, *, plan: Plan | N
         path = plot(results, folder / name)
         if path is not None:
             files.append(path)
+    if results["stage2_axis"] is not None:
+        files.append(plot_axis(results["stage2_axis"], folder / "stage2-axis.png"))
     notes = study.report.notes.read_text(encoding="utf-8") if study.report.notes and with_notes else None
     files.append(write_text(folder / "README.md", render_readme(results, claims, notes, study_argument(study))))
     return ReportResult(dir=folder, files=files, results=results)
