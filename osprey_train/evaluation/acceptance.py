@@ -104,8 +104,8 @@ class AcceptanceReport:
     tree: dict | None = None
     """Tree drafting: ``{steps, topk, num_draft_tokens, kv}`` (:mod:`tree_acceptance`); None = chain."""
     length_histogram: dict[str, int] | None = None
-    """Greedy chain: verify rounds by the tokens each yielded (``"1"``: no draft accepted, up to
-    ``S + 1``); the per-step acceptance length is its mean. None for tree and sampled reports."""
+    """Greedy walks (chain or tree): verify rounds by the tokens each yielded (``"1"``: no draft
+    accepted, up to ``S + 1``); the per-step acceptance length is its mean. None for sampled reports."""
     sampled: dict | None = None
     """Speculative sampling at a temperature (:func:`sampled_reports`): ``{temperature, ci95,
     tail_bounds, per_domain: {d: {acceptance_length, ci95, ...}}, per_position_ci95, ...}``;
@@ -277,7 +277,7 @@ class RoundTally:
             num_samples=sum(self.samples.values()), num_verify_steps=total_rounds, num_tokens=total_tokens,
             greedy_consistency=consistency, proxy=reason is not None, proxy_reason=reason, store=store,
             per_domain_samples=dict(self.samples), tree=tree,
-            length_histogram=None if tree is not None else {str(k): self.lengths[k] for k in sorted(self.lengths)})
+            length_histogram={str(k): self.lengths[k] for k in sorted(self.lengths)})
 
 
 def offline_drafts(drafter):

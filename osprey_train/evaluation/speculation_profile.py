@@ -73,7 +73,8 @@ def _rounded(values: list[float]) -> list[float]:
 def build_profile(greedy: AcceptanceReport, *, drafter: Any, drafter_path: str | Path, reader: Any,
                   sampled: AcceptanceReport | None = None, conditions: dict[str, Any] | None = None) -> dict:
     """The profile document of one drafter on one store (``greedy``: its chain acceptance report)."""
-    assert greedy.length_histogram is not None and greedy.sampled is None, "a greedy chain report is needed"
+    assert greedy.length_histogram is not None and greedy.sampled is None and greedy.tree is None, \
+        "a greedy chain report is needed"
     cfg = drafter.config
     spec = drafter_spec(cfg.arch)
     steps = greedy.steps
