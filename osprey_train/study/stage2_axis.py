@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from osprey_data.atomic import atomic_file
+from osprey_train.drafters.registry import drafter_spec
 
 __all__ = ["PAPER_RATIO", "axis_points", "fit_trend", "stage2_axis", "render_axis", "plot_axis"]
 
@@ -30,7 +31,8 @@ PAPER_RATIO = 1.16
 
 
 def _is_axis_arm(arm: dict[str, Any]) -> bool:
-    return (arm["arch"] == "osprey" and arm.get("stage2") == "plain" and not arm.get("arch_options")
+    # the arch whose drafter always converts the backbone (osprey): dflash's optional backbone is no point
+    return (drafter_spec(arm["arch"]).needs_backbone and arm.get("stage2") == "plain" and not arm.get("arch_options")
             and arm.get("distill") is None and arm.get("lr_scale", 1.0) == 1.0
             and arm.get("train_data", "regenerated") == "regenerated")
 
