@@ -13,7 +13,7 @@ It does not train drafters: the held-out AL of drafters distilled with each k (t
 issue 33's question) is a study, not a benchmark.
 
     python benchmarks/teacher_bench.py --store STORE [--target DIR] [--ks 8,16,32,64,128] \
-        [--max-samples N] [--out docs/results/teacher-bench/NAME]
+        [--max-samples N] [--out docs/results/teacher-bench/NAME] [--quick]
 
 Writes ``table.md`` and ``results.json`` under ``--out`` and ends with one ``RESULT`` line.
 """
@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-samples", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for table.md and results.json")
+    ap.add_argument("--quick", action="store_true", help="< 60 s: 4 samples, k = 8 and 64")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.max_samples, args.ks = 4, "8,64"
     if args.threads:
         torch.set_num_threads(args.threads)
     ks = tuple(sorted({int(k) for k in args.ks.split(",")}))
