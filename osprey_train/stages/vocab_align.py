@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 from osprey_data.errors import ModelError
 from osprey_data.progress import bars_enabled
 
-__all__ = ["VocabAlignment", "align_vocab", "token_surfaces", "detect_codec", "TOKEN_CODECS", "CHAT_MARKERS",
-           "byte_level_decoder_map"]
+__all__ = ["VocabAlignment", "align_vocab", "align_backbone_embeddings", "token_surfaces", "detect_codec",
+           "TOKEN_CODECS", "CHAT_MARKERS", "byte_level_decoder_map"]
 
 # Groups of special tokens that play the same role in different tokenizers / chat templates.
 CHAT_MARKERS: tuple[frozenset[str], ...] = (
@@ -272,6 +272,19 @@ def align_vocab(source_tokenizer: Any, target_tokenizer: Any, *, target_vocab_si
     bar.close()
     align.unmapped.sort()
     return align
+
+
+@torch.no_grad()
+def align_backbone_embeddings(backbone: Any, source_tokenizer: Any, target_tokenizer: Any, *,
+                              target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, VocabAlignment]:
+    """(embedding (Vt, D), LM head (Vt, D), alignment): an HF backbone's input embedding and output head
+    (its embedding when tied or absent) carried onto the target vocabulary by :func:`align_vocab`."""
+    embed_VsD = backbone.get_input_embeddings().weight.detach().float()
+    head = backbone.get_output_embeddings()
+    head_VsD = head.weight.detach().float() if head is not None else embed_VsD
+    alignment = align_vocab(source_tokenizer, target_tokenizer, target_vocab_size=target_vocab_size,
+                            source_vocab_size=embed_VsD.shape[0])
+    return alignment.apply(embed_VsD), alignment.apply(head_VsD), alignment
 
 
 def _is_utf8(data: bytes) -> bool:

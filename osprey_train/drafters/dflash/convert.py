@@ -42,8 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from osprey_data.errors import ConfigError
-from osprey_data.errors import InputError
+from osprey_data.errors import ConfigError, InputError
 from osprey_train.drafters.dflash.arch import DEFAULT_ANCHOR_FRACTION, DEFAULT_BLOCK_SIZE
 from osprey_train.drafters.dflash.model import DFlashDrafter
 from osprey_train.models.config import DrafterConfig
@@ -54,7 +53,7 @@ from osprey_train.stages.convert import STATS_FILE, ConvertResult
 from osprey_train.stages.draft_vocab import loss_masked_token_counts
 from osprey_train.stages.prune import load_source
 from osprey_train.stages.target_side import TargetSide, resolve_target_side
-from osprey_train.stages.vocab_align import align_vocab
+from osprey_train.stages.vocab_align import align_backbone_embeddings
 
 __all__ = ["convert_dflash", "init_dflash", "init_dflash_from_backbone", "default_mask_token"]
 
@@ -116,11 +115,8 @@ def init_dflash_from_backbone(backbone: Any, source_tokenizer: Any, side: Target
         draft_vocab_size=identity.vocab_size, target_hidden_size=identity.hidden_size, tap_layers=side.taps,
         target=identity, arch_options={**arch_options, "init": "backbone"},
     )   # DrafterConfig's dflash rules refuse a family whose layer DFlash does not run (qwen2's q/k/v bias)
-    embed_VsD = backbone.get_input_embeddings().weight.detach().float()
-    head = backbone.get_output_embeddings()
-    head_VsD = head.weight.detach().float() if head is not None else embed_VsD
-    alignment = align_vocab(source_tokenizer, side.tokenizer, target_vocab_size=config.vocab_size,
-                            source_vocab_size=embed_VsD.shape[0])
+    embed_VtD, head_VtD, alignment = align_backbone_embeddings(backbone, source_tokenizer, side.tokenizer,
+                                                               target_vocab_size=config.vocab_size)
     rng = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
@@ -130,8 +126,8 @@ def init_dflash_from_backbone(backbone: Any, source_tokenizer: Any, side: Target
     state = {k: v.detach().float() for k, v in backbone.state_dict().items()}
     copy_backbone_layers(model.layers, state, where=where)
     model.norm.weight.copy_(state["model.norm.weight"])
-    model.embed_tokens.weight.copy_(alignment.apply(embed_VsD))
-    model.lm_head.weight.copy_(alignment.apply(head_VsD))
+    model.embed_tokens.weight.copy_(embed_VtD)
+    model.lm_head.weight.copy_(head_VtD)
     model.hidden_norm.weight.zero_()
     return model.eval(), alignment
 

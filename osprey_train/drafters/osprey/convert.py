@@ -38,7 +38,7 @@ from osprey_train.stages.convert import STATS_FILE, ConvertResult
 from osprey_train.stages.draft_vocab import VOCAB_FILE, check_draft_vocab_size, draft_vocab_from_store
 from osprey_train.stages.prune import load_source
 from osprey_train.stages.target_side import TargetSide, resolve_target_side
-from osprey_train.stages.vocab_align import align_vocab
+from osprey_train.stages.vocab_align import align_backbone_embeddings
 
 __all__ = ["convert_backbone", "convert_osprey"]
 
@@ -59,17 +59,13 @@ def convert_backbone(backbone: Any, source_tokenizer: Any, side: TargetSide, *, 
         target_hidden_size=identity.hidden_size, tap_layers=side.taps, target=identity,
         arch_options=dict(arch_options or {}),
     )
-    embed_VsD = backbone.get_input_embeddings().weight.detach().float()
-    head = backbone.get_output_embeddings()
-    head_VsD = head.weight.detach().float() if head is not None else embed_VsD
-    alignment = align_vocab(source_tokenizer, side.tokenizer, target_vocab_size=config.vocab_size,
-                            source_vocab_size=embed_VsD.shape[0])
+    embed_VtD, head_VtD, alignment = align_backbone_embeddings(backbone, source_tokenizer, side.tokenizer,
+                                                               target_vocab_size=config.vocab_size)
     drafter = OspreyDrafter(config)
     state = {k: v.detach().float() for k, v in backbone.state_dict().items()}
     copy_backbone_layers(drafter.model.layers, state, where=where)
     drafter.model.norm.weight.copy_(state["model.norm.weight"])
-    drafter.model.embed_tokens.weight.copy_(alignment.apply(embed_VsD))
-    head_VtD = alignment.apply(head_VsD)
+    drafter.model.embed_tokens.weight.copy_(embed_VtD)
     if draft_ids is None:
         drafter.lm_head.weight.copy_(head_VtD)
     else:
