@@ -85,6 +85,9 @@ class AcceptanceConfig(DraftingOptions):
         self.drafter = Path(self.drafter)
         if self.profile is not None:
             self.profile = Path(self.profile)
+            if not self.profile.parent.is_dir():   # refused before the simulation, not after it
+                raise ConfigError(f"acceptance --profile {self.profile}: folder {self.profile.parent} does not "
+                                  "exist; create it or name a file in an existing folder")
         self.check_drafting("acceptance")
 
 

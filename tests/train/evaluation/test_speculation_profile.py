@@ -53,6 +53,8 @@ def test_the_profile_is_the_reports_figures_in_model_optimizers_fields(setup):
     assert doc["osprey"]["per_position_judged"] == pytest.approx(report.per_position, abs=1e-6)
     assert doc["osprey"]["sampled"] is None                       # a greedy store: no temperature to estimate at
     assert set(doc["per_category"]) == set(report.per_domain)
+    with pytest.raises(ConfigError, match="--profile .*does not exist"):
+        AcceptanceConfig(drafter=drafter, store=str(store), profile=root / "nowhere" / PROFILE_FILE)
 
 
 def test_export_carries_the_profile_only_with_the_weights_it_measured(setup, tmp_path):
