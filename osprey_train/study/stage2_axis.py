@@ -23,6 +23,7 @@ from typing import Any
 
 from osprey_data.atomic import atomic_file
 from osprey_train.drafters.registry import drafter_spec
+from osprey_train.study.config import tokens_label
 
 __all__ = ["PAPER_RATIO", "axis_points", "fit_trend", "stage2_axis", "render_axis", "plot_axis"]
 
@@ -114,12 +115,7 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 def _size(tokens: float | None) -> str:
-    if tokens is None:
-        return "–"
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if tokens >= scale:
-            return f"{tokens / scale:.3g}{unit}"
-    return f"{tokens:.3g}"
+    return "–" if tokens is None else tokens_label(tokens)
 
 
 def render_axis(axis: dict[str, Any]) -> list[str]:
