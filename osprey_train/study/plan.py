@@ -276,12 +276,16 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
         stores[domain, split, data] = node
         return node
 
+    # a domain that no arm adapts to is only measured on: its train store is never built
+    trained = {name for arm in cfg.arms for name in cfg.arm_domains(arm)}
     for d in cfg.domains:
-        store(d.name, "train", "regenerated")
+        if d.name in trained:
+            store(d.name, "train", "regenerated")
         store(d.name, "eval", "regenerated")
     for data in sorted(datas - {"regenerated"}):
         for d in cfg.domains:
-            store(d.name, "train", data)
+            if d.name in trained:
+                store(d.name, "train", data)
 
     pretrain: dict[str, Node] = {}
     needs_backbone = any(a.uses_backbone for a in cfg.arms)

@@ -207,15 +207,19 @@ def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp
     assert cfg.for_target("qwen-coder").stores.taps == (2, 12, 21)
 
 
-def test_the_stage2_scaling_study_shares_dflash_cpus_stages(tmp_path):
-    """Run in one study folder, stage2-scaling-cpu reuses dflash-cpu's stores, backbone, Stage 2 and
-    its osprey and eagle3 drafters: the same keys (issue 34: the CPU budget)."""
+def test_the_stage2_scaling_study_shares_dflash_cpus_backbone(tmp_path):
+    """Run in one study folder, stage2-scaling-cpu reuses dflash-cpu's prune, corpus and 0.82M-token
+    Stage 2 (the same keys); its drafters, trained on other settings since dflash-cpu was shrunk to fit
+    a session, get keys of their own."""
     plans = {name: build_plan(load_study(_shipped_with_tiny_data(tmp_path / name, name)))
              for name in ("dflash-cpu", "stage2-scaling-cpu")}
     keys = {name: {(n.target, n.label): n.key for n in plan.nodes if n.key != "pending"}
             for name, plan in plans.items()}
-    shared = set(keys["dflash-cpu"]) & set(keys["stage2-scaling-cpu"])
-    assert {label for _, label in shared} >= {"smollm2: store chat train", "prune source to 2 blocks",
-                                              "stage 2 (next-token prediction)", "qwen-coder: distill osprey seed 1 on math",
-                                              "smollm2: distill eagle3 seed 0 on code"}
-    assert all(keys["dflash-cpu"][k] == keys["stage2-scaling-cpu"][k] for k in shared)
+    both = set(keys["dflash-cpu"]) & set(keys["stage2-scaling-cpu"])
+    same = {label for k, (_, label) in ((k, k) for k in both) if keys["dflash-cpu"][k] == keys["stage2-scaling-cpu"][k]}
+    assert same >= {"prune source to 2 blocks", "tokenize the generic corpus", "stage 2 (next-token prediction)"}
+    assert "smollm2: distill eagle3 seed 0 on math" not in same
+    # a domain no arm adapts to is only measured on: dflash-cpu builds no chat or code train store
+    labels = {label for _, label in keys["dflash-cpu"]}
+    assert "smollm2: store math train" in labels and "smollm2: store chat eval" in labels
+    assert not any(label.endswith(("store chat train", "store code train")) for label in labels)
