@@ -277,15 +277,15 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
         return node
 
     # a domain that no arm adapts to is only measured on: its train store is never built
-    trained = {name for arm in cfg.arms for name in cfg.arm_domains(arm)}
+    adapted = {name for arm in cfg.arms for name in cfg.arm_domains(arm)}
+    trained = [d.name for d in cfg.domains if d.name in adapted]
     for d in cfg.domains:
-        if d.name in trained:
+        if d.name in adapted:
             store(d.name, "train", "regenerated")
         store(d.name, "eval", "regenerated")
     for data in sorted(datas - {"regenerated"}):
-        for d in cfg.domains:
-            if d.name in trained:
-                store(d.name, "train", data)
+        for name in trained:
+            store(name, "train", data)
 
     pretrain: dict[str, Node] = {}
     needs_backbone = any(a.uses_backbone for a in cfg.arms)

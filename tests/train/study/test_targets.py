@@ -216,7 +216,8 @@ def test_the_stage2_scaling_study_shares_dflash_cpus_backbone(tmp_path):
     keys = {name: {(n.target, n.label): n.key for n in plan.nodes if n.key != "pending"}
             for name, plan in plans.items()}
     both = set(keys["dflash-cpu"]) & set(keys["stage2-scaling-cpu"])
-    same = {label for k, (_, label) in ((k, k) for k in both) if keys["dflash-cpu"][k] == keys["stage2-scaling-cpu"][k]}
+    same = {label for target, label in both
+            if keys["dflash-cpu"][target, label] == keys["stage2-scaling-cpu"][target, label]}
     assert same >= {"prune source to 2 blocks", "tokenize the generic corpus", "stage 2 (next-token prediction)"}
     assert "smollm2: distill eagle3 seed 0 on math" not in same
     # a domain no arm adapts to is only measured on: dflash-cpu builds no chat or code train store
