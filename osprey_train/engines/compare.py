@@ -28,6 +28,13 @@ Counting (greedy chain drafting of S tokens, one verify round per engine step af
 equal ours plus one contiguous block at the last round's position; anything else is a disagreement
 (a wrong tap order, a wrong ``d2t``, a numerics difference) and is reported as one.
 
+**Round by round**, where the engine's counts come per verify round (``accepted_per_round``: the vLLM
+driver steps the engine itself and reads its counters after every step, one request in flight, so
+each step is one round): every round must accept exactly what our round accepted, the last one
+plus the overcount. Per-position totals can agree while rounds do not (two rounds that swap their
+counts); the first round that differs is named (:func:`first_round_difference`). SGLang reports a
+histogram per request, not a sequence, so its comparison stays per position.
+
 Legend: S draft steps.
 """
 
@@ -36,7 +43,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PromptComparison", "counts_from_rounds", "counters_consistent", "reconcile", "first_difference"]
+__all__ = ["PromptComparison", "counts_from_rounds", "counters_consistent", "reconcile", "first_difference",
+           "first_round_difference"]
 
 
 def counts_from_rounds(accepted: list[int], steps: int) -> list[int]:
@@ -57,6 +65,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def first_round_difference(engine: list[int], ours: list[int], overcount: int) -> int | None:
+    """0-based index of the first round whose accepted drafts differ, the engine's last round allowed
+    ``overcount`` more than ours (this module's docstring); the shorter length when one sequence is a
+    prefix of the other; None when every round agrees."""
+    expected = list(ours)
+    if expected:
+        expected[-1] += overcount
+    return first_difference(engine, expected)
 
 
 @dataclass
@@ -89,6 +107,13 @@ class PromptComparison:
     """Greedy outputs: engine with vs without speculation, engine vs the store (transformers), live."""
     why: str = ""
     """What disagrees, when something does."""
+    engine_per_round: list[int] | None = None
+    """The engine's accepted drafts in each verify round (the overcount in the last), where it reports
+    them (vLLM); None where it does not (SGLang)."""
+    offline_per_round: list[int] = field(default_factory=list)
+    first_round_differing: int | None = None
+    """1-based round where the engine's accepted drafts first leave ours; None when all agree or
+    the engine gives no per-round counts."""
 
     @property
     def engine_reconciled(self) -> list[int]:
@@ -128,6 +153,20 @@ def reconcile(*, sample_id: str, domain: str, steps: int, tokens: int, engine: d
         why.append(f"{-k} fewer accepted drafts than ours")
     if not why and [e - b for e, b in zip(engine_pos, block)] != offline:
         why.append("accepted drafts per position differ")
+    per_round = engine.get("accepted_per_round")
+    first_round = None
+    if per_round is not None:
+        per_round = [int(a) for a in per_round]
+        if len(per_round) != int(engine["num_drafts"]) or sum(per_round) != sum(engine_pos):
+            why.append(f"the engine's {len(per_round)} per-round counts (sum {sum(per_round)}) do not add up to its "
+                       f"{engine['num_drafts']} rounds and {sum(engine_pos)} accepted drafts")
+        diff = first_round_difference(per_round, ours_acc, sum(block))
+        if diff is not None:
+            first_round = diff + 1
+            engine_a = per_round[diff] if diff < len(per_round) else "no round"
+            ours_a = ours_acc[diff] if diff < len(ours_acc) else "no round"
+            why.append(f"round {first_round} of {len(ours_acc)} differs first: the engine accepted {engine_a}, "
+                       f"ours {ours_a}")
     live_pos = None if live_accepted is None else counts_from_rounds(live_accepted, steps)
     return PromptComparison(
         id=sample_id, domain=domain, steps=steps, tokens=tokens, engine_rounds=int(engine["num_drafts"]),
@@ -135,4 +174,5 @@ def reconcile(*, sample_id: str, domain: str, steps: int, tokens: int, engine: d
         offline_emitted=sum(e for _, e, _ in walk), engine_per_pos=engine_pos, offline_per_pos=offline, overcount=max(k, 0) if not why else 0,
         overcount_per_pos=block, agrees=not why, counters_consistent=consistent,
         live_rounds=None if live_accepted is None else len(live_accepted),
-        live_per_pos=live_pos, identical=dict(identical or {}), why="; ".join(why))
+        live_per_pos=live_pos, identical=dict(identical or {}), why="; ".join(why), engine_per_round=per_round,
+        offline_per_round=ours_acc, first_round_differing=first_round)

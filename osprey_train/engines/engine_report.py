@@ -50,7 +50,8 @@ class ExportSummary:
 
     export: str
     agrees: bool
-    """Every prompt: same rounds, engine − overcount = offline per position, greedy outputs identical."""
+    """Every prompt: same rounds, engine − overcount = offline per position (and round by round where the
+    engine counts per round), greedy outputs identical."""
     prompts_agreeing: int
     engine_rounds: int
     offline_rounds: int
@@ -85,6 +86,10 @@ class ExportSummary:
     """SGLang's own figure: completion tokens / verify rounds, over all prompts (SGLang only)."""
     batched: dict[str, Any] | None = None
     """The batched pass, where the engine counts per request (SGLang): the same summary, without speed."""
+    per_round_prompts: int = 0
+    """Prompts whose engine counts came per verify round (vLLM), so compared round by round."""
+    per_round_agreeing: int = 0
+    """Of those, prompts whose every round accepted what ours did (the overcount in the last)."""
 
 
 def summarize_export(export: str, rows: list[PromptComparison], speed: dict, *, engine: str = "vllm",
@@ -126,7 +131,10 @@ def summarize_export(export: str, rows: list[PromptComparison], speed: dict, *, 
         prompts_comparable=len(comparable), comparable_agreeing=sum(1 for r in comparable if r.agrees),
         counters_consistent=sum(1 for r in rows if r.counters_consistent),
         sglang_accept_length=(sum(r.tokens for r in rows) / engine_rounds if engine_rounds else 0.0)
-        if engine == "sglang" else None, batched=batched)
+        if engine == "sglang" else None, batched=batched,
+        per_round_prompts=sum(1 for r in rows if r.engine_per_round is not None),
+        per_round_agreeing=sum(1 for r in rows if r.engine_per_round is not None and r.first_round_differing is None
+                               and r.agrees))
 
 
 def _offline_al(rows: list[PromptComparison]) -> float:
@@ -190,6 +198,10 @@ class EngineReport:
         lines += [f"Comparable prompts (outputs identical everywhere): {e.prompts_comparable}/{n}; of those, "
                   f"{e.comparable_agreeing} agree with ours exactly per position. Engine counters consistent with "
                   f"its output lengths: {e.counters_consistent}/{n}.", ""]
+        if e.per_round_prompts:
+            lines += [f"Round by round (the engine's counters read after every step, one request in flight): "
+                      f"{e.per_round_agreeing}/{e.per_round_prompts} prompts accept in every round what ours "
+                      f"accepts; a prompt that does not names its first differing round below.", ""]
         if self.dtype == "bfloat16":
             lines += ["bfloat16: the engine's kernels and ours round differently, and a near-tie can flip a greedy "
                       "token; from there a prompt's counters count different continuations, so only comparable "

@@ -16,6 +16,14 @@ when it matches the target's greedy token, before the output is cut at ``max_tok
 token, so the last round of a request can count drafts beyond the request's end
 (:mod:`osprey_train.engines.compare` reconciles that).
 
+Single-stream requests are decoded by stepping vLLM's engine here (``LLM.enqueue``, then
+``llm_engine.step()`` until it is idle, as ``LLM.generate`` does) and reading the counters after
+every step: with one request in flight a step that drafted is one verify round, so the result also
+holds vLLM's accepted drafts **per round** (``accepted_per_round``), which our offline walk is
+compared with round by round. A step that counted more than one round (it never should with one
+request) leaves ``accepted_per_round`` out for that request rather than guessing. The seconds are
+the steps' own; the counter reads between them are not timed.
+
 vLLM's CPU workers are started with ``spawn``, which re-imports ``__main__``: everything happens
 under the ``__main__`` guard at the bottom.
 """
@@ -54,6 +62,31 @@ def _delta(after: dict, before: dict) -> dict:
             for k in after}
 
 
+def _decode_stepping(llm, prompt, params, steps: int) -> tuple:
+    """One request decoded step by step: its output, the seconds of the steps, vLLM's counters for it
+    and its accepted drafts per verify round (None when a step counted other than 0 or 1 rounds)."""
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests(), "single stream: nothing may be in flight before a request"
+    llm.enqueue([prompt], params, use_tqdm=False)
+    before = last = _counters(llm, steps)
+    per_round: list[int] | None = []
+    output, seconds = None, 0.0
+    while engine.has_unfinished_requests():
+        t = time.perf_counter()
+        step_outputs = engine.step()
+        seconds += time.perf_counter() - t
+        now = _counters(llm, steps)
+        rounds = now["num_drafts"] - last["num_drafts"]
+        if per_round is not None and rounds == 1:
+            per_round.append(now["num_accepted_tokens"] - last["num_accepted_tokens"])
+        elif rounds != 0:
+            per_round = None
+        last = now
+        output = next((o for o in step_outputs if o.finished), output)
+    assert output is not None, "the engine went idle without finishing the request"
+    return output, seconds, _delta(last, before), per_round
+
+
 def _one_run(run: dict, request: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -74,14 +107,11 @@ def _one_run(run: dict, request: dict) -> dict:
                  use_tqdm=False)
     samples = []
     for p, prompt in zip(request["prompts"], prompts):
-        before = _counters(llm, steps)
-        t = time.perf_counter()
-        out = llm.generate([prompt], params, use_tqdm=False)[0]
-        seconds = time.perf_counter() - t
-        counts = _delta(_counters(llm, steps), before)
+        out, seconds, counts, per_round = _decode_stepping(llm, prompt, params, steps)
         completion = out.outputs[0]
         samples.append({"id": p["id"], "output_ids": list(completion.token_ids), "seconds": seconds,
-                        "finish_reason": completion.finish_reason, **counts})
+                        "finish_reason": completion.finish_reason, **counts,
+                        **({"accepted_per_round": per_round} if spec and per_round is not None else {})})
     t = time.perf_counter()
     batched = llm.generate(prompts, params, use_tqdm=False)
     batched_s = time.perf_counter() - t

@@ -18,9 +18,10 @@ The drafters are made here, in a few CPU minutes, so that vLLM has something to 
   ``num_speculative_tokens``) and distilled for a few dozen steps; served by vLLM's own
   ``DFlashDraftModel`` (``method: dflash``), no class of ours in the engine.
 
-Agreement is exact: float32 on both sides, greedy, the same token ids in. A near-tie (two logits
-within float32 rounding of each other, computed by different kernels) could flip a draft; none
-occurs on these prompts, and the report names the prompt and position if one ever does. Then the
+Agreement is exact, per position and round by round: float32 on both sides, greedy, the same token
+ids in. A near-tie (two logits within float32 rounding of each other, computed by different kernels)
+could flip a draft; none occurs on these prompts, and the report names the prompt and position if
+one ever does. Then the
 same comparison on deliberately broken exports (the Osprey one with its tap blocks swapped in
 ``w_c``, the EAGLE-3 one with a shifted ``d2t``) must disagree: the check can fail.
 """
@@ -152,11 +153,15 @@ def _check(setup, arch: str, break_export) -> None:
     assert ok.agrees, (work / f"{arch}-engine" / "report.md").read_text()
     assert ok.identical == {"spec_vs_plain": n, "plain_vs_store": n}
     assert ok.engine_reconciled == ok.offline_per_pos and ok.engine_rounds == ok.offline_rounds
+    # round by round too: vLLM's counters read after every engine step (issue 33)
+    assert ok.per_round_prompts == n and ok.per_round_agreeing == n
+    assert all(p["engine_per_round"] is not None for p in ok.prompts)
     assert ok.offline_per_pos[0] > 0, f"{arch}: nothing accepted, the comparison would check little"
     # the broken export is still lossless (verification keeps the target's tokens) but drafts
     # something else: its counters leave our figure
     assert not broken.agrees and broken.identical["spec_vs_plain"] == n
     assert broken.engine_reconciled != broken.offline_per_pos
+    assert broken.per_round_agreeing < n and any(p["first_round_differing"] for p in broken.prompts)
 
 
 def test_osprey_drafter_served_by_vllm_matches_offline_and_a_wrong_tap_order_is_caught(setup):
