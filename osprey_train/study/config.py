@@ -69,7 +69,7 @@ ROLES = ("osprey", "eagle3", "osprey_no_stage2", "osprey_kd", "eagle3_2l", "ospr
 """Roles an arm can play in the report's claims (``[report.roles]``)."""
 
 _STAGE2 = ("none", "plain", "kd")
-_TRAIN_DATA = ("regenerated", "teacher-forced")
+_TRAIN_DATA = ("regenerated", "regenerated-fp8", "teacher-forced")
 
 
 # Some shipped studies read data that Osprey does not ship (the project's shared prompt sets):
@@ -325,8 +325,10 @@ class ArmSection:
     lr_scale: float = 1.0
     """Multiplies ``[distill] lr`` (0.1 = the paper's lower-learning-rate arm)."""
     train_data: str = "regenerated"
-    """'regenerated' (the target's greedy responses) or 'teacher-forced' (the prompt files' own
-    answers, a cheaper data variant). Evaluation always uses the regenerated eval stores."""
+    """'regenerated' (the target's greedy responses), 'regenerated-fp8' (the same, in a store whose
+    hidden states are fp8, ``hidden_codec = "fp8"``: what the smaller store costs in acceptance) or
+    'teacher-forced' (the prompt files' own answers, a cheaper data variant). Evaluation always uses
+    the regenerated eval stores."""
     domains: list[str] | None = None
     """Adaptation domains (default: all)."""
     steps: int | None = None

@@ -267,11 +267,14 @@ def _target_plan(cfg: StudyConfig, b: _Builder, lookup: Callable[[str], dict | N
 
     def store(domain: str, split: str, data: str) -> Node:
         d = cfg.domain(domain)
-        regen = data == "regenerated"
+        regen = data != "teacher-forced"
         n = d.train_samples if split == "train" else d.eval_samples
-        node = b.add(Node("store", dataclasses.replace(st, regenerate=regen),
-                          {"prompts": prompts[domain, split], "target": target},
-                          label=f"store {domain} {split}{'' if regen else ' (teacher-forced)'}", domain=domain,
+        settings = dataclasses.replace(st, regenerate=regen)
+        if data == "regenerated-fp8":
+            settings = dataclasses.replace(settings, hidden_codec="fp8")
+        variant = {"regenerated": "", "regenerated-fp8": " (fp8)", "teacher-forced": " (teacher-forced)"}[data]
+        node = b.add(Node("store", settings, {"prompts": prompts[domain, split], "target": target},
+                          label=f"store {domain} {split}{variant}", domain=domain,
                           cost=n * (st.max_new_tokens if regen else 0.1 * st.max_length)))
         stores[domain, split, data] = node
         return node

@@ -39,6 +39,8 @@ from osprey_train.study.runner import format_duration, read_record
 
 __all__ = ["ReportConfig", "ReportResult", "run", "render_readme", "render_matrix_md"]
 
+_TRAIN_DATA_NOTE = {"regenerated": "", "regenerated-fp8": ", fp8 train store", "teacher-forced": ", teacher-forced data"}
+
 
 @dataclass(kw_only=True)
 class ReportConfig:
@@ -285,7 +287,7 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         backbone = drafter_spec(arm["arch"]).needs_backbone or bool(arm.get("backbone"))
         what = (f"{arm['arch']}" + (f" {arm['layers']}L" if not backbone else "")
                 + (f", Stage 2 {arm.get('stage2_name', arm['stage2'])}" if backbone else "")
-                + f", lr {arm['lr']:.0e}" + (", teacher-forced data" if arm["train_data"] != "regenerated" else ""))
+                + f", lr {arm['lr']:.0e}" + _TRAIN_DATA_NOTE[arm["train_data"]])
         rows.append([f"`{arm['name']}`", what, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]),
                      str(len(m["seeds"])), _f(spread)])
     lines += _table(["arm", "recipe", "mean AL", "in-domain", "out-of-domain", "seeds", "seed spread"], rows,

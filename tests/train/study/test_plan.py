@@ -140,3 +140,21 @@ def test_arms_with_their_own_pretrain_make_a_stage2_axis_and_share_equal_setting
     spec.write_text(text.replace("pretrain = { steps = 1 }", "pretrain = { stepz = 1 }"))
     with pytest.raises(ConfigError, match=r"'osprey-s1' pretrain: unknown key 'stepz'"):
         load_study(spec)
+
+
+def test_an_fp8_train_store_arm_gets_its_own_fp8_train_stores_and_shares_the_rest(spec):
+    """train_data = "regenerated-fp8" (issue 33: what the fp8 store costs in acceptance): the same
+    prompts regenerated into a store with fp8 hidden states, for that arm's training only."""
+    _, base = _keys(spec)
+    _edit(spec, '[[arms]]\nname = "osprey-kd"', '[[arms]]\nname = "eagle3-fp8"\narch = "eagle3"\nstage2 = "none"\n'
+                                                'train_data = "regenerated-fp8"\n\n[[arms]]\nname = "osprey-kd"')
+    plan, keys = _keys(spec)
+    fp8 = [n for n in plan.nodes if n.kind == "store" and n.label.endswith("(fp8)")]
+    assert sorted(n.label for n in fp8) == ["store chat train (fp8)", "store math train (fp8)"]
+    assert all(n.settings_json()["hidden_codec"] == "fp8" and n.settings_json()["regenerate"] for n in fp8)
+    drafter = plan.drafters["eagle3-fp8", 0, "chat"]
+    assert drafter.deps["store"] in fp8
+    # evaluated on the same (bf16) held-out stores as every other arm; nothing else changes key
+    assert all(cell.deps["store"] is plan.cells["eagle3", 0, "chat", cell.eval_domain].deps["store"]
+               for k, cell in plan.cells.items() if k[0] == "eagle3-fp8")
+    assert {k: v for k, v in keys.items() if k in base} == base

@@ -193,7 +193,7 @@ def _shipped_with_tiny_data(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["cross-target-cpu", "cross-target-gpu", "dflash-cpu", "stage2-scaling-cpu",
-                                  "stage2-scaling-gpu"])
+                                  "stage2-scaling-gpu", "store-fp8-cpu"])
 def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp_path, name):
     """The shipped files parse and plan (their data paths pointed at tiny copies; nothing is fetched)."""
     spec = _shipped_with_tiny_data(tmp_path, name)
@@ -207,21 +207,23 @@ def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp
     assert cfg.for_target("qwen-coder").stores.taps == (2, 12, 21)
 
 
-def test_the_stage2_scaling_study_shares_dflash_cpus_backbone(tmp_path):
-    """Run in one study folder after dflash-cpu, stage2-scaling-cpu redoes none of its work: the prune,
-    corpus, stores, 0.82M-token Stage 2 and the Osprey and EAGLE-3 drafters have the same keys."""
-    plans = {name: build_plan(load_study(_shipped_with_tiny_data(tmp_path / name, name)))
-             for name in ("dflash-cpu", "stage2-scaling-cpu")}
-    keys = {name: {(n.target, n.label): n.key for n in plan.nodes if n.key != "pending"}
-            for name, plan in plans.items()}
-    both = set(keys["dflash-cpu"]) & set(keys["stage2-scaling-cpu"])
+@pytest.mark.parametrize("name", ["stage2-scaling-cpu", "store-fp8-cpu"])
+def test_studies_run_after_dflash_cpu_share_all_of_its_chain_drafter_stages(tmp_path, name):
+    """Run in one study folder after dflash-cpu, stage2-scaling-cpu and store-fp8-cpu redo none of its
+    work: the prune, corpus, stores, 0.82M-token Stage 2 and the Osprey and EAGLE-3 drafters have the
+    same keys (only their own axis, ablation or fp8 arms are new)."""
+    plans = {study: build_plan(load_study(_shipped_with_tiny_data(tmp_path / study, study)))
+             for study in ("dflash-cpu", name)}
+    keys = {study: {(n.target, n.label): n.key for n in plan.nodes if n.key != "pending"}
+            for study, plan in plans.items()}
+    both = set(keys["dflash-cpu"]) & set(keys[name])
     same_stages = {(target, label) for target, label in both
-                   if keys["dflash-cpu"][target, label] == keys["stage2-scaling-cpu"][target, label]}
+                   if keys["dflash-cpu"][target, label] == keys[name][target, label]}
     same = {label for _, label in same_stages}
     assert same >= {"prune source to 2 blocks", "tokenize the generic corpus", "stage 2 (next-token prediction)",
                     "smollm2: store math train", "qwen-coder: store code eval",
                     "smollm2: distill eagle3 seed 1 on math", "qwen-coder: distill osprey seed 0 on math"}
-    # what differs is only the axis and the ablations: no stage of dflash-cpu's labels gets a new key
+    # no stage of dflash-cpu's labels gets a new key
     assert same_stages == both
     # a domain no arm adapts to is only measured on: dflash-cpu builds no chat or code train store
     labels = {label for _, label in keys["dflash-cpu"]}
