@@ -28,7 +28,7 @@ from osprey_data.errors import ConfigError, StoreError
 from osprey_train.ttt.layout import MIN_DOCUMENT_TOKENS, num_slots, slot_inputs, slot_loss_mask, slot_targets
 from osprey_train.ttt.unroll import PackedBatch
 
-__all__ = ["PackPlan", "plan_epoch", "StorePacker", "pack_samples"]
+__all__ = ["PackPlan", "plan_epoch", "StorePacker", "pack_samples", "keep_topk"]
 
 
 @dataclass
@@ -65,8 +65,19 @@ def plan_epoch(lengths: np.ndarray, tokens_per_batch: int, seed: int, epoch: int
     return plan
 
 
-def pack_samples(samples: list, tokens_per_batch: int, *, need_final_hidden: bool = False) -> PackedBatch:
-    """Lay ``samples`` (store ``Sample``s, ``as_torch=True``) end to end into one row of slots."""
+def keep_topk(ids_TK: torch.Tensor, logprobs_TK: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely of each row's stored top-K (all K when ``k`` is 0 or >= K), most likely
+    first; selected by log-prob, so the store's own column order does not matter."""
+    if not k or k >= logprobs_TK.shape[-1]:
+        return ids_TK, logprobs_TK
+    top_TK = logprobs_TK.topk(k, dim=-1, sorted=True)
+    return ids_TK.gather(-1, top_TK.indices), top_TK.values
+
+
+def pack_samples(samples: list, tokens_per_batch: int, *, need_final_hidden: bool = False,
+                 teacher_topk: int = 0) -> PackedBatch:
+    """Lay ``samples`` (store ``Sample``s, ``as_torch=True``) end to end into one row of slots; with
+    ``teacher_topk``, only that many of each position's stored top-k (:func:`keep_topk`)."""
     ids, docs, pos, taps, mask, tids, tlps, finals = [], [], [], [], [], [], [], []
     for d, s in enumerate(samples):
         n = min(int(s.token_ids.shape[0]), tokens_per_batch + 1)  # at most tokens_per_batch slots
@@ -79,8 +90,10 @@ def pack_samples(samples: list, tokens_per_batch: int, *, need_final_hidden: boo
         pos.append(torch.arange(p))
         taps.append(taps_PLDt)
         mask.append(slot_loss_mask(s.loss_mask[:n]))
-        tids.append(slot_targets(torch.as_tensor(s.topk_ids_TK[:n]).long()))
-        tlps.append(slot_targets(torch.as_tensor(s.topk_logprobs_TK[:n]).float()))
+        ids_TK, lps_TK = keep_topk(torch.as_tensor(s.topk_ids_TK[:n]).long(),
+                                   torch.as_tensor(s.topk_logprobs_TK[:n]).float(), teacher_topk)
+        tids.append(slot_targets(ids_TK))
+        tlps.append(slot_targets(lps_TK))
         if need_final_hidden:
             if s.final_hidden_TD is None:
                 raise StoreError(f"sample {s.sample_id!r} has no final_hidden; the store was built "
@@ -103,6 +116,7 @@ class StorePacker:
     tokens_per_batch: int
     seed: int = 0
     need_final_hidden: bool = False
+    teacher_topk: int = 0
     _lengths: np.ndarray = field(init=False, repr=False)
     _plans: dict[int, PackPlan] = field(init=False, default_factory=dict, repr=False)
     _counts: list[int] = field(init=False, default_factory=list, repr=False)
@@ -136,4 +150,5 @@ class StorePacker:
     def batch(self, index: int) -> PackedBatch:
         epoch, row = self.locate(index)
         samples = [self.reader.sample(i, as_torch=True) for i in self.plan(epoch).rows[row]]
-        return pack_samples(samples, self.tokens_per_batch, need_final_hidden=self.need_final_hidden)
+        return pack_samples(samples, self.tokens_per_batch, need_final_hidden=self.need_final_hidden,
+                            teacher_topk=self.teacher_topk)

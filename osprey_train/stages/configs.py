@@ -195,6 +195,10 @@ class DistillConfig:
     """Target distribution: tail (top-k + tail bucket), renorm (top-k only) or full (final_hidden)."""
     target_model: str | None = None
     """Target HF folder for --target-dist full (default: the store's target name_or_path)."""
+    teacher_topk: int = field(default=0, metadata={"key_if_set": True})
+    """Learn from only the N most likely tokens of the store's stored top-k (0: all of them); with
+    ``--target-dist tail`` the rest of the mass goes to the tail bucket. What a smaller ``--topk``
+    at build time would have cost, without rebuilding the store (issue 33)."""
     score_out_of_vocab: bool = False
     """Drafters with a draft vocabulary (EAGLE-3, Osprey converted with ``--draft-vocab``): also
     score positions whose target top-1 is outside it (never acceptable; left out by default, as
@@ -225,6 +229,10 @@ class DistillConfig:
             (isinstance(self.ttt_steps, int) and 1 <= self.ttt_steps <= 64, f"--ttt-steps must be in [1, 64], got {self.ttt_steps!r}"),
             (0.0 < self.ttt_decay <= 1.0, f"--ttt-decay must be in (0, 1], got {self.ttt_decay!r}"),
             (self.target_dist in TARGET_DISTS, f"--target-dist must be one of {TARGET_DISTS}, got {self.target_dist!r}"),
+            (isinstance(self.teacher_topk, int) and self.teacher_topk >= 0,
+             f"--teacher-topk must be >= 0 (0: the whole stored top-k), got {self.teacher_topk!r}"),
+            (not (self.teacher_topk and self.target_dist == "full"),
+             "--teacher-topk applies to the stored top-k (--target-dist tail or renorm), not to full"),
             (self.tokens_per_batch >= 2, f"--tokens-per-batch must be >= 2, got {self.tokens_per_batch}"),
             (isinstance(self.prefetch, int) and self.prefetch >= 0, f"--prefetch must be >= 0, got {self.prefetch!r}"),
             (self.attention in ATTENTION_IMPLS, f"--attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}"),

@@ -96,8 +96,11 @@ class DistillTask:
         if cfg.target_dist == "full" and not self.reader.header.has_final_hidden:
             raise ConfigError(f"distill: --target-dist full needs a store built with final_hidden; "
                               f"{cfg.store} has none (use tail or renorm, or rebuild with final hidden)")
+        if cfg.teacher_topk > self.reader.header.topk:
+            raise ConfigError(f"distill: --teacher-topk {cfg.teacher_topk} exceeds the top-{self.reader.header.topk} "
+                              f"that {cfg.store} stores; use at most {self.reader.header.topk} (or 0: all of it)")
         self.packer = StorePacker(self.reader, cfg.tokens_per_batch, seed=cfg.loop.seed,
-                                  need_final_hidden=cfg.target_dist == "full")
+                                  need_final_hidden=cfg.target_dist == "full", teacher_topk=cfg.teacher_topk)
         self.prefetcher = None
         self.target_head = None
         if cfg.target_dist == "full":

@@ -541,9 +541,9 @@ class StudyConfig:
                 if not arm.uses_backbone or arm.stage2 == "none":
                     _fail(at, "pretrain applies to arms whose backbone has a Stage 2 (stage2 = \"plain\" or \"kd\")")
                 arm.pretrain.check(f"{at} pretrain")
-            if self.arm_distill(arm).target_dist == "full":
-                _fail(at, "target_dist = 'full' needs stores with final hidden states, which studies do not build; "
-                          "use tail or renorm")
+            if self.arm_distill(arm).target_dist == "full" and not self.stores.final_hidden:
+                _fail(at, "target_dist = 'full' needs stores with final hidden states: set [stores] final_hidden = "
+                          "true, or use tail or renorm")
         if self.live is not None:
             at = f"{where}: [live]"
             if self.live.arm != "best" and self.live.arm not in arm_names:

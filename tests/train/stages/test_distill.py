@@ -185,3 +185,28 @@ def test_cli_distill(tmp_path, greedy_setup):
     res = CliRunner().invoke(cli, ["train", "distill", "--drafter", str(drafter), "--store", str(greedy_setup),
                                    "--out", str(tmp_path / "run2"), "--ttt-decay", "0"])
     assert res.exit_code == 2 and "--ttt-decay" in res.output
+
+
+def test_teacher_topk_keeps_the_most_likely_of_the_stored_top_k(tmp_path, builder_store, greedy_setup):
+    """--teacher-topk N (issue 33): only the N most likely stored tokens teach, chosen by log-prob
+    whatever the stored column order; the tail bucket then holds the rest of the mass."""
+    from osprey_train.distill_data.packing import keep_topk
+
+    ids = torch.tensor([[7, 3, 9, 1]])
+    lps = torch.tensor([[-2.0, -0.5, -3.0, -1.0]])          # not sorted: the store's order is not relied on
+    kept_ids, kept_lps = keep_topk(ids, lps, 2)
+    assert kept_ids.tolist() == [[3, 1]] and kept_lps.tolist() == [[-0.5, -1.0]]
+    assert keep_topk(ids, lps, 0)[0] is ids and keep_topk(ids, lps, 4)[0] is ids
+    reader = StoreReader(str(builder_store))
+    full_k = StorePacker(reader, 96, seed=1).batch(0)
+    two = StorePacker(reader, 96, seed=1, teacher_topk=2).batch(0)
+    assert two.topk_ids_BTK.shape[-1] == 2 and torch.equal(two.topk_ids_BTK, full_k.topk_ids_BTK[..., :2])
+    # a distillation on it runs and learns from two tokens a position
+    drafter = make_drafter_dir(tmp_path / "drafter", store=builder_store)
+    res = run(_cfg(tmp_path, drafter, builder_store, max_steps=1, teacher_topk=2))
+    assert np.isfinite([r for r in _records(tmp_path / "run") if r["kind"] == "train"][-1]["loss"])
+    assert res.final_dir is not None
+    with pytest.raises(ConfigError, match="--teacher-topk 999 exceeds the top-"):
+        run(_cfg(tmp_path / "x", drafter, builder_store, teacher_topk=999))
+    with pytest.raises(ConfigError, match="not to full"):
+        _cfg(tmp_path, drafter, builder_store, teacher_topk=2, target_dist="full")

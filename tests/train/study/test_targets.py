@@ -193,7 +193,7 @@ def _shipped_with_tiny_data(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["cross-target-cpu", "cross-target-gpu", "dflash-cpu", "stage2-scaling-cpu",
-                                  "stage2-scaling-gpu", "store-fp8-cpu"])
+                                  "stage2-scaling-gpu", "store-fp8-cpu", "teacher-topk-cpu"])
 def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp_path, name):
     """The shipped files parse and plan (their data paths pointed at tiny copies; nothing is fetched)."""
     spec = _shipped_with_tiny_data(tmp_path, name)
@@ -201,8 +201,8 @@ def test_the_shipped_cross_target_studies_plan_one_backbone_for_both_targets(tmp
     assert [t.name for t in cfg.targets] == ["smollm2", "qwen-coder"]
     plan = build_plan(cfg)
     kinds = [n.kind for n in plan.nodes]
-    sizes = 4 if "scaling" in name else 1   # the Stage-2 axis (issue 34)
-    assert kinds.count("prune") == 1 and kinds.count("pretrain") == sizes
+    sizes = 4 if "scaling" in name else 0 if name == "teacher-topk-cpu" else 1   # the Stage-2 axis (issue 34)
+    assert kinds.count("prune") == min(sizes, 1) and kinds.count("pretrain") == sizes
     assert {n.target for n in plan.nodes if n.kind == "convert"} == {"smollm2", "qwen-coder"}
     assert cfg.for_target("qwen-coder").stores.taps == (2, 12, 21)
 
@@ -229,3 +229,20 @@ def test_studies_run_after_dflash_cpu_share_all_of_its_chain_drafter_stages(tmp_
     labels = {label for _, label in keys["dflash-cpu"]}
     assert "smollm2: store math train" in labels and "smollm2: store chat eval" in labels
     assert not any(label.endswith(("store chat train", "store code train")) for label in labels)
+
+
+def test_the_teacher_topk_study_varies_only_the_teacher(tmp_path):
+    """teacher-topk-cpu (issue 33): every arm of a target reads one train store with the top-128 and
+    the final hidden state; the arms differ in their teacher only (k of the stored top-k, or full)."""
+    plan = build_plan(load_study(_shipped_with_tiny_data(tmp_path, "teacher-topk-cpu")))
+    for target in ("smollm2", "qwen-coder"):
+        drafters = {arm: node for (arm, seed, domain), node in plan.targets[target].drafters.items() if seed == 0}
+        assert len({n.deps["store"].key for n in drafters.values()}) == 1
+        store = next(iter(drafters.values())).deps["store"].settings_json()
+        assert store["topk"] == 128 and store["final_hidden"]
+        teacher = {arm: (n.settings_json()["target_dist"], n.settings_json().get("teacher_topk", 0))
+                   for arm, n in drafters.items()}
+        assert teacher == {"eagle3-full": ("full", 0), "eagle3-top128": ("tail", 0), "eagle3-top64": ("tail", 64),
+                           "eagle3-top32": ("tail", 32), "eagle3-top16": ("tail", 16), "eagle3-top8": ("tail", 8)}
+        # the same conversion for every teacher: only distillation differs
+        assert len({n.deps["init"].key for n in drafters.values()}) == 1
