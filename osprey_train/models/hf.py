@@ -89,16 +89,17 @@ def drafter_config_from_hf(hf_config: Any, *, where: str, **fields: Any) -> Draf
 
 @torch.no_grad()
 def copy_backbone_layers(layers: Any, hf_state: Mapping[str, torch.Tensor], *, prefix: str = "model.layers",
-                         where: str) -> None:
+                         where: str, not_in_source: tuple[str, ...] = ()) -> None:
     """Copy each source layer's tensors into ``layers`` (a ModuleList of drafter layers).
 
     q/k/v weights go into columns [:D]; the extra columns are left as they are (convert zeroes
-    them). A missing or mis-shaped source tensor is a ModelError naming it.
+    them). A missing or mis-shaped source tensor is a ModelError naming it, except the layer
+    tensors named in ``not_in_source``, which the caller sets itself.
     """
     for i, layer in enumerate(layers):
         own = dict(layer.named_parameters())
         for name in _PLAIN_LAYER_TENSORS + _WIDENED_LAYER_TENSORS:
-            if name not in own:
+            if name not in own or name in not_in_source:
                 continue
             key = f"{prefix}.{i}.{name}"
             if key not in hf_state:

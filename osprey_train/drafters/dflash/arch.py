@@ -8,7 +8,9 @@ drafts and the live session) and ``export.py`` (vLLM's ``DFlashDraftModel`` layo
 ``arch_options`` (config.json): ``block_size`` (slots of a trained block: the anchor and
 ``block_size - 1`` drafts; 8 by default, as speculators and Model-Optimizer train it),
 ``mask_token_id`` (the token fed at the mask slots, vLLM's ``dflash_config.mask_token_id``),
-``init`` (``scratch`` or ``backbone``: written by convert), ``anchor_fraction`` (training: the share of a packed row's eligible response positions drawn
+``init`` (``scratch`` or ``backbone``: written by convert), ``add_qk_norm`` (with ``--backbone`` on a
+Llama backbone: give its layers the per-head q/k norms the engines' DFlash layer applies, calibrated
+on the store, so that vLLM and SGLang serve it), ``anchor_fraction`` (training: the share of a packed row's eligible response positions drawn
 as block anchors at each step) and ``objective`` (training: ``hard``, cross-entropy against the
 stored response tokens, or ``topk``, against the stored top-k log-probs of the target, with
 ``--target-dist`` tail or renorm as for the chain drafters).
@@ -41,7 +43,7 @@ INITS = ("scratch", "backbone")
 """Where the layers came from: random Qwen3-style layers shaped like the target, with the target's
 embedding and head (``scratch``), or a pre-trained backbone's layers, embedding and head
 (``backbone``, convert ``--backbone``). Convert writes it."""
-OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction", "objective", "init")
+OPTION_KEYS = ("block_size", "mask_token_id", "anchor_fraction", "objective", "init", "add_qk_norm")
 """The ``arch_options`` keys a DFlash drafter has (``--arch-option KEY=VALUE`` at convert)."""
 
 
@@ -93,6 +95,12 @@ def _check_config(config: Any) -> None:
                           f"got {options['objective']!r}")
     if options.get("init", INITS[0]) not in INITS:
         raise ConfigError(f"drafter config: dflash init must be one of {list(INITS)}, got {options['init']!r}")
+    add_qk_norm = options.get("add_qk_norm", False)
+    if not isinstance(add_qk_norm, bool):
+        raise ConfigError(f"drafter config: dflash add_qk_norm must be true or false, got {add_qk_norm!r}")
+    if add_qk_norm and (init_of(config) != "backbone" or not config.qk_norm):
+        raise ConfigError("drafter config: dflash add_qk_norm applies to a drafter converted with --backbone from a "
+                          "Llama backbone, whose layers then carry q/k norms (family 'qwen3')")
     if init_of(config) == "scratch" and config.hidden_size != config.target_hidden_size:
         raise ConfigError(f"drafter config: a dflash drafter from scratch uses the target's embedding, so its hidden "
                           f"size equals the target's ({config.target_hidden_size}), got {config.hidden_size}")
@@ -124,16 +132,14 @@ def _check_convert(config: Any) -> None:
 
 
 def _check_export(config: Any, fmt: str) -> None:
-    # vLLM and SGLang both run the same DFlashDraftModel layout (Qwen3 layers, the target's embedding and head)
+    # vLLM and SGLang both run the same DFlashDraftModel layout: Qwen3 layers (per-head q/k norms); the
+    # embedding and head are the target's unless the export carries its own (a backbone's)
     engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(fmt)
     if engine is not None and not config.qk_norm:
         raise ConfigError(f"export --format {fmt}: this dflash drafter was started from a Llama backbone and has no "
                           f"per-head q/k norms, which {engine}'s DFlashDraftModel always applies, so {engine} would "
-                          "compute another model; `osprey eval live` serves it, and --format hf writes it")
-    if engine is not None and not shares_target_embedding(config):
-        raise ConfigError(f"export --format {fmt}: this dflash drafter has its own embedding and LM head (started "
-                          f"from a backbone), which {engine}'s DFlashDraftModel does not take (it uses the "
-                          "target's); use --format hf")
+                          "compute another model; convert it with --arch-option add_qk_norm=true to serve it there; "
+                          "`osprey eval live` serves it as it is, and --format hf writes it")
 
 
 SPEC = DrafterSpec(

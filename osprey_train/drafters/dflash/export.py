@@ -22,10 +22,12 @@ What vLLM reads (``vllm/model_executor/models/qwen3_dflash.py``, ``v1/spec_decod
 - tensors without a ``model.`` prefix: ``fc.weight``, ``hidden_norm.weight``, ``norm.weight`` and
   per layer ``layers.N.{input_layernorm,post_attention_layernorm}.weight``,
   ``layers.N.self_attn.{q,k,v,o}_proj.weight``, ``layers.N.self_attn.{q,k}_norm.weight``,
-  ``layers.N.mlp.{gate,up,down}_proj.weight``. The embedding and the LM head are the target's
-  (frozen copies): the export leaves them out and vLLM shares the target's own, as it does for
-  every DFlash draft that ships none. A drafter whose target is unknown (no identity in its
-  config) carries them, since there is no target to share with.
+  ``layers.N.mlp.{gate,up,down}_proj.weight``. The embedding and the LM head of a drafter from
+  scratch are the target's (frozen copies): the export leaves them out and vLLM shares the target's
+  own, as it does for every DFlash draft that ships none. A drafter started from a backbone has its
+  own (vocabulary-aligned, in the backbone's hidden size) and the export carries them as
+  ``embed_tokens.weight`` and ``lm_head.weight``, which vLLM loads when present; so does a drafter
+  whose target is unknown (no identity in its config), since there is no target to share with.
 
 :func:`read_dflash_vllm` reads the layout back; where the export has no embedding and head it takes
 them from the target folder the export names (``osprey_target.name_or_path``).
@@ -40,7 +42,7 @@ from safetensors import safe_open
 
 from osprey_data.errors import CheckpointError, ConfigError
 from osprey_data.target_model import TapLayers, TargetIdentity
-from osprey_train.drafters.dflash.arch import VLLM_ARCHITECTURE, block_size_of, mask_token_of
+from osprey_train.drafters.dflash.arch import VLLM_ARCHITECTURE, block_size_of, mask_token_of, shares_target_embedding
 from osprey_train.drafters.registry import drafter_spec
 from osprey_train.export.common import cast_floating, dtype_name
 from osprey_train.export.serving import ServingRecommendation, recommend, serving_doc
@@ -84,7 +86,7 @@ def _engine_layout(model: Drafter, dtype: torch.dtype) -> tuple[dict, dict[str, 
         "osprey_target": None if cfg.target is None else cfg.target.to_dict(),
         "osprey_arch_options": cfg.arch_options,
     }
-    shared = () if cfg.target is None else SHARED_WITH_TARGET
+    shared = SHARED_WITH_TARGET if cfg.target is not None and shares_target_embedding(cfg) else ()
     state = cast_floating({name: tensor for name, tensor in model.state_dict().items() if name not in shared}, dtype)
     return doc, state
 

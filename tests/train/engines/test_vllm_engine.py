@@ -17,6 +17,9 @@ The drafters are made here, in a few CPU minutes, so that vLLM has something to 
 - **DFlash**: converted from the same store with a block of 4 slots (3 drafts per round, vLLM's
   ``num_speculative_tokens``) and distilled for a few dozen steps; served by vLLM's own
   ``DFlashDraftModel`` (``method: dflash``), no class of ours in the engine.
+- **DFlash from the backbone**: SmolLM2 pruned to 2 blocks, converted with ``add_qk_norm`` (the
+  engines' per-head q/k norms added to its Llama layers, calibrated) and its own embedding and head
+  in the export, distilled as briefly; the same ``DFlashDraftModel`` serves it.
 
 Agreement is exact, per position and round by round: float32 on both sides, greedy, the same token
 ids in. A near-tie (two logits within float32 rounding of each other, computed by different kernels)
@@ -46,6 +49,8 @@ from osprey_train.stages.configs import ConvertConfig, DistillConfig
 from osprey_train.stages.convert import run as convert
 from osprey_train.stages.defaults import distill_optim
 from osprey_train.stages.distill import run as distill
+from osprey_train.stages.prune import PruneConfig
+from osprey_train.stages.prune import run as prune
 from osprey_train.trainer import LoopConfig
 from tests.helpers.engine_drafters import whole_target_osprey
 
@@ -100,8 +105,17 @@ def setup(tmp_path_factory):
                                    optim=distill_optim(lr=3e-3),
                                    loop=LoopConfig(out_dir=work / "df-run", max_steps=40, device="cpu",
                                                    progress=False, plot=False, log_every=10)))
+    # DFlash from the pruned SmolLM2 (2 blocks), its Llama layers given the engines' q/k norms
+    backbone = prune(PruneConfig(source=str(target), layers=2, out=work / "pruned")).out
+    bb_init = convert(ConvertConfig(arch="dflash", target=str(target), store=str(store), backbone=backbone,
+                                    out=work / "dfb-init", arch_option=(f"block_size={STEPS + 1}", "anchor_fraction=1.0",
+                                                                        "add_qk_norm=true"))).out
+    dflash_bb = distill(DistillConfig(drafter=bb_init, store=str(store), tokens_per_batch=1024,
+                                      optim=distill_optim(lr=3e-3),
+                                      loop=LoopConfig(out_dir=work / "dfb-run", max_steps=40, device="cpu",
+                                                      progress=False, plot=False, log_every=10)))
     return {"work": work, "target": target, "eval": eval_prompts, "osprey": osprey_dir, "eagle3": result.final_dir,
-            "dflash": dflash.final_dir}
+            "dflash": dflash.final_dir, "dflash-backbone": dflash_bb.final_dir}
 
 
 def _export(drafter: Path, out: Path) -> Path:
@@ -176,3 +190,9 @@ def test_dflash_drafter_served_by_vllm_matches_offline_and_a_wrong_tap_order_is_
     """vLLM's own DFlashDraftModel loads our export unchanged; its rounds and per-position accepted
     counts equal our offline block walk prompt by prompt (float32), and swapped taps disagree."""
     _check(setup, "dflash", _swap_fc_tap_blocks)
+
+
+def test_dflash_from_the_backbone_with_added_qk_norms_served_by_vllm_matches_offline(setup):
+    """A DFlash drafter started from the pruned SmolLM2 with add_qk_norm: vLLM's DFlashDraftModel loads the
+    export (its own embedding and head included) and its rounds equal our offline block walk."""
+    _check(setup, "dflash-backbone", _swap_fc_tap_blocks)

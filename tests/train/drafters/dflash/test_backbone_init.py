@@ -102,15 +102,66 @@ def test_it_trains_the_context_path_and_drafts_losslessly(backbones, store, tiny
     report = live(LiveConfig(drafter=str(final), target=str(tiny_llama_dir), inputs=str(prompts), steps=3,
                              max_new_tokens=12, device="cpu", allow_target_mismatch=True, precision="float32"))
     assert all(s["identical"] for s in report.samples), report.samples
-    with pytest.raises(ConfigError, match="no per-head q/k norms"):
+    with pytest.raises(ConfigError, match="no per-head q/k norms.*add_qk_norm=true"):
         export_run(ExportConfig(drafter=final, format="vllm", out=tmp_path / "vllm"))
     assert (export_run(ExportConfig(drafter=final, format="hf", out=tmp_path / "hf")).out / "config.json").is_file()
 
 
+def test_add_qk_norm_makes_a_llama_backbone_servable_and_stays_close_to_it(backbones, store, tiny_llama_dir,
+                                                                            tmp_path):
+    """--arch-option add_qk_norm=true: the Llama backbone's layers get the engines' per-head q/k norms,
+    calibrated to the mean head RMS on the store's text, so that vLLM's and SGLang's DFlashDraftModel
+    compute this drafter; at initialisation its block logits stay close to the backbone's, closer than
+    with unit norm weights, and the export carries its own embedding and head."""
+    from osprey_train.export.vllm import read_vllm
+
+    out = convert(ConvertConfig(arch="dflash", target=str(tiny_llama_dir), store=str(store), backbone=backbones["llama"],
+                                out=tmp_path / "qk", arch_option=(f"block_size={BLOCK}", "add_qk_norm=true"))).out
+    model = load_drafter(out)
+    assert model.config.family == "qwen3" and model.config.qk_norm and model.config.arch_options["add_qk_norm"]
+    norms = [w for layer in model.layers for w in (layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)]
+    assert all(torch.isfinite(w).all() and (w > 0).all() and not torch.allclose(w, torch.ones_like(w)) for w in norms)
+    ids = torch.as_tensor(StoreReader(str(store)).sample(0).token_ids).long()
+    anchor = 9
+    block_ids = torch.tensor([int(ids[anchor])] + [model.mask_token_id] * (BLOCK - 1))
+    context = model.sequence_context(ids, torch.as_tensor(StoreReader(str(store)).sample(0).hidden_TLD).float())
+    allowed = torch.zeros(1, ids.shape[0], dtype=torch.bool)
+    reference = torch.log_softmax(_backbone_block_logits(backbones["llama"], block_ids, anchor), -1)
+
+    @torch.no_grad()
+    def kl_to_backbone(m):
+        hidden = m.block_hidden(ids[anchor:anchor + 1], torch.tensor([anchor]), BLOCK, context, allowed)
+        logq = torch.log_softmax(m.logits(hidden)[0].float(), -1)
+        return float((reference.exp() * (reference - logq)).sum(-1).mean())
+
+    calibrated = kl_to_backbone(model)
+    for layer in model.layers:
+        layer.self_attn.q_norm.weight.data.fill_(1.0)
+        layer.self_attn.k_norm.weight.data.fill_(1.0)
+    assert calibrated < kl_to_backbone(model), "the calibration brings the drafter closer to the backbone"
+    # served: the engine layout carries the drafter's own embedding and head and reads back exactly
+    export = export_run(ExportConfig(drafter=out, format="vllm", out=tmp_path / "vllm", dtype="float32")).out
+    back = read_vllm(export)
+    original = load_drafter(out)
+    for name, tensor in original.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], tensor, msg=name)
+    assert (export_run(ExportConfig(drafter=out, format="sglang", out=tmp_path / "sglang")).out / "serving.json").is_file()
+
+
 def test_the_backbone_variant_is_checked(backbones, store, tiny_llama_dir, tmp_path):
     out = _convert(store, tiny_llama_dir, backbones["qwen3"], tmp_path / "q")
-    with pytest.raises(ConfigError, match="own embedding and LM head"):
-        export_run(ExportConfig(drafter=out, format="vllm", out=tmp_path / "vllm"))
+    # a Qwen3 backbone's layers are the engines' own: served, with its own embedding and head in the export
+    export = export_run(ExportConfig(drafter=out, format="vllm", out=tmp_path / "vllm")).out
+    from safetensors import safe_open
+
+    with safe_open(str(export / "model.safetensors"), framework="pt") as f:
+        assert {"embed_tokens.weight", "lm_head.weight"} <= set(f.keys())
+    with pytest.raises(ConfigError, match="add_qk_norm gives a Llama backbone"):
+        convert(ConvertConfig(arch="dflash", target=str(tiny_llama_dir), store=str(store), backbone=backbones["qwen3"],
+                              out=tmp_path / "q2", arch_option=(f"block_size={BLOCK}", "add_qk_norm=true")))
+    with pytest.raises(ConfigError, match="add_qk_norm applies to a drafter converted with --backbone"):
+        convert(ConvertConfig(arch="dflash", target=str(tiny_llama_dir), store=str(store), out=tmp_path / "s",
+                              arch_option=("add_qk_norm=true",)))
     with pytest.raises(ConfigError, match="init is written by convert"):
         convert(ConvertConfig(arch="dflash", target=str(tiny_llama_dir), store=str(store), out=tmp_path / "i",
                               arch_option=("init=\"backbone\"",)))
