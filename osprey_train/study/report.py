@@ -16,6 +16,8 @@ Everything is a function of the study folder: rerunning the report gives the sam
 
 from __future__ import annotations
 
+import json
+
 import math
 import shlex
 from dataclasses import dataclass
@@ -287,7 +289,9 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
         backbone = drafter_spec(arm["arch"]).needs_backbone or bool(arm.get("backbone"))
         what = (f"{arm['arch']}" + (f" {arm['layers']}L" if not backbone else "")
                 + (f", Stage 2 {arm.get('stage2_name', arm['stage2'])}" if backbone else "")
-                + f", lr {arm['lr']:.0e}" + _TRAIN_DATA_NOTE[arm["train_data"]])
+                + f", lr {arm['lr']:.0e}" + _TRAIN_DATA_NOTE[arm["train_data"]]
+                + "".join(f", {k} = {json.dumps(v)}" for k, v in sorted((arm.get("arch_options") or {}).items()))
+                + "".join(f", {k} = {json.dumps(v)}" for k, v in sorted((arm.get("distill") or {}).items())))
         rows.append([f"`{arm['name']}`", what, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]),
                      str(len(m["seeds"])), _f(spread)])
     lines += _table(["arm", "recipe", "mean AL", "in-domain", "out-of-domain", "seeds", "seed spread"], rows,
