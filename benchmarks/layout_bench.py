@@ -17,7 +17,7 @@ Then every layout is read back, all samples, into bfloat16 torch tensors as a tr
 maps files lazily), from the warm page cache, in ``--repeats`` interleaved rounds; the
 best round gives tokens/s. Ratios are to the SpecForge-style layout, measured in the same run.
 
-    python benchmarks/layout_bench.py --store STORE [--repeats 5] [--out docs/results/layout-bench/NAME]
+    python benchmarks/layout_bench.py --store STORE [--repeats 5] [--out docs/results/layout-bench/NAME] [--quick]
 
 Writes ``table.md`` and ``results.json`` under ``--out`` (when given) and ends with one ``RESULT``
 line.
@@ -95,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="read rounds, the layouts taking turns (best reported)")
     ap.add_argument("--max-samples", type=int, default=0, help="the first N samples only (0: all)")
     ap.add_argument("--out", default=None, help="folder for table.md and results.json")
+    ap.add_argument("--quick", action="store_true", help="< 60 s: the first 16 samples, 2 rounds")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.max_samples = min(args.max_samples or 16, 16)
+        args.repeats = min(args.repeats, 2)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     reader = StoreReader(args.store)
     header = reader.header

@@ -58,3 +58,27 @@ def test_fp8_scales_per_row_and_an_unknown_layout_is_refused(tmp_path):
     assert torch.equal(dequantize_fp8_per_row(values, scale).float(), x)   # zero rows stay zero, not NaN
     with pytest.raises(ConfigError, match="unknown peer layout 'eagle'"):
         write_peer_sample("eagle", tmp_path / "x.safetensors", **_sample())
+
+
+def test_layout_bench_measures_a_real_store_in_every_layout(tmp_path, capsys):
+    """benchmarks/layout_bench.py on a small store: every layout written and read back, its figures
+    in table.md / results.json and one RESULT line; sizes in the order the layouts promise."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from tests.data.store.helpers import write_records
+
+    write_records(str(tmp_path / "store"), range(12))
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "layout_bench.py"
+    spec = importlib.util.spec_from_file_location("layout_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--store", str(tmp_path / "store"), "--quick", "--out", str(tmp_path / "out")]) == 0
+    result = capsys.readouterr().out.strip().splitlines()[-1]
+    assert result.startswith("RESULT ") and "ours_fp8_size_ratio=" in result
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    size = {name: row["size_vs_specforge"] for name, row in doc["layouts"].items()}
+    assert set(size) == {"specforge", "speculators", "speculators-fp8", "ours bf16-blosc", "ours fp8"}
+    assert size["ours fp8"] < size["ours bf16-blosc"] and size["speculators-fp8"] < size["speculators"]
+    assert (tmp_path / "out" / "table.md").read_text().count("|") > 20
