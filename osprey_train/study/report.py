@@ -279,6 +279,7 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
 
     lines += ["## Headline", ""]
     rows = []
+    base_distill = results.get("settings", {}).get("distill") or {}   # an arm's distill table: only what differs
     for arm in results["arms"]:
         m = results["matrices"].get(arm["name"])
         if not m:
@@ -291,7 +292,8 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
                 + (f", Stage 2 {arm.get('stage2_name', arm['stage2'])}" if backbone else "")
                 + f", lr {arm['lr']:.0e}" + _TRAIN_DATA_NOTE[arm["train_data"]]
                 + "".join(f", {k} = {json.dumps(v)}" for k, v in sorted((arm.get("arch_options") or {}).items()))
-                + "".join(f", {k} = {json.dumps(v)}" for k, v in sorted((arm.get("distill") or {}).items())))
+                + "".join(f", {k} = {json.dumps(v)}" for k, v in sorted((arm.get("distill") or {}).items())
+                          if v != base_distill.get(k)))
         rows.append([f"`{arm['name']}`", what, _f(s["mean"]), _f(s["in_domain"]), _f(s["out_of_domain"]),
                      str(len(m["seeds"])), _f(spread)])
     lines += _table(["arm", "recipe", "mean AL", "in-domain", "out-of-domain", "seeds", "seed spread"], rows,

@@ -147,8 +147,10 @@ def test_study_run_ends_with_the_headline_acceptance_length_per_arm(quick_report
 def test_an_arms_own_options_show_in_its_recipe(quick_report):
     """Two arms that differ only in arch_options or a distill table read apart in the headline table."""
     _, result = quick_report
-    arms = [{**a, "arch_options": {"add_qk_norm": True}, "distill": {"teacher_topk": 8}} if i == 0 else a
+    base = result.results["settings"]["distill"]
+    arms = [{**a, "arch_options": {"add_qk_norm": True}, "distill": {**base, "teacher_topk": 8}} if i == 0 else a
             for i, a in enumerate(result.results["arms"])]
     readme = render_readme({**result.results, "arms": arms}, result.results["claims"], None, "smollm2-quick")
     row = next(line for line in readme.splitlines() if line.startswith(f"| `{arms[0]['name']}`"))
     assert "add_qk_norm = true" in row and "teacher_topk = 8" in row, row
+    assert "ttt_steps" not in row   # what the arm shares with [distill] is not repeated
