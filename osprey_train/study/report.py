@@ -17,7 +17,6 @@ Everything is a function of the study folder: rerunning the report gives the sam
 from __future__ import annotations
 
 import json
-
 import math
 import shlex
 from dataclasses import dataclass
