@@ -43,7 +43,7 @@ import torch
 from osprey_data.builder import BuildConfig
 from osprey_data.builder.runner import run as build_store
 from osprey_data.conversation import iter_inputs, stop_token_ids
-from osprey_data.errors import ConfigError
+from osprey_data.errors import BackendUnavailableError, ConfigError
 from osprey_data.store import StoreReader
 from osprey_data.target_model import check_compatible, resolve_precision
 from osprey_train.drafters.registry import drafter_spec
@@ -60,10 +60,22 @@ from osprey_train.export import ExportConfig
 from osprey_train.export import run as run_export
 from osprey_train.models import load_drafter
 
-__all__ = ["EngineEvalConfig", "run", "engine_env", "sglang_env", "sglang_engine_kwargs", "DTYPES", "DRIVERS"]
+__all__ = ["EngineEvalConfig", "run", "engine_env", "sglang_env", "sglang_engine_kwargs", "cpu_has_amx",
+           "SGLANG_CPU_NEEDS_AMX", "DTYPES", "DRIVERS"]
 
 DTYPES = ("auto", "float32", "bfloat16")
 DRIVERS = {"vllm": "osprey_train.engines.vllm_driver", "sglang": "osprey_train.engines.sglang_driver"}
+# Seen on an AMD EPYC (AVX-512, no AMX): SGLang replaces the intel_amx attention backend asked for
+# with torch_native, and its EAGLE worker then refuses to start ("EAGLE is not supported in decode
+# attention backend torch_native"), after a minute of loading.
+SGLANG_CPU_NEEDS_AMX = ("SGLang's CPU engine speculates only with its intel_amx attention backend, which needs a CPU "
+                        "with Intel AMX tiles; this CPU has none (torch.cpu._is_amx_tile_supported() is False), so "
+                        "SGLang would fall back to torch_native attention, which refuses EAGLE drafters")
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has Intel AMX tiles, the test SGLang applies before its intel_amx backend."""
+    return bool(torch.cpu._is_amx_tile_supported())
 
 
 @dataclass(kw_only=True)
@@ -144,6 +156,10 @@ class EngineEvalConfig:
         if sglang_cpu and self.dtype != "bfloat16":
             raise ConfigError(f"eval engine: SGLang's CPU engine runs bfloat16 only (its RMSNorm and AMX attention "
                               f"kernels have no float32), got --dtype {self.dtype}; pass --dtype bfloat16 or auto")
+        if sglang_cpu and not cpu_has_amx():
+            raise BackendUnavailableError(f"eval engine: {SGLANG_CPU_NEEDS_AMX}. Run it on a CPU with AMX (Intel "
+                                          "Xeon 4th generation or newer), on a GPU (--device cuda), or with "
+                                          "--engine vllm, whose CPU build serves every drafter here")
         if self.threads < 1:
             raise ConfigError(f"eval engine: --threads must be >= 1, got {self.threads}")
 

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from osprey_data.errors import BackendUnavailableError, ConfigError
 from osprey_train.engines.compare import counters_consistent, reconcile
-from osprey_train.engines.engine_eval import EngineEvalConfig, _compare_export, sglang_env
+from osprey_train.engines import engine_eval
+from osprey_train.engines.engine_eval import EngineEvalConfig, _compare_export, cpu_has_amx, sglang_env
 from osprey_train.engines.engine_report import EngineReport
 from osprey_train.engines.rig import find_rig
 from osprey_train.engines.sglang_driver import _sample, per_request_counters
@@ -23,6 +24,30 @@ from osprey_train.evaluation.live_prompts import LivePrompt
 # one response of 1 (prefill) + 7 tokens, S = 3: rounds accept 3, 0, then 2 of the 2 tokens left
 WALK = [(3, 4, 3), (0, 1, 3), (2, 2, 2)]
 RESPONSE = [10, 11, 12, 13, 14, 15, 16, 17]
+
+
+@pytest.fixture(autouse=True)
+def amx_cpu(monkeypatch):
+    """These tests configure SGLang's CPU engine as on a CPU that can serve it (with AMX)."""
+    monkeypatch.setattr(engine_eval, "cpu_has_amx", lambda: True)
+
+
+def test_sglang_cpu_without_amx_is_refused_before_any_work_with_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_eval, "cpu_has_amx", lambda: False)
+    paths = _paths(tmp_path)
+    with pytest.raises(BackendUnavailableError, match="Intel AMX") as err:
+        EngineEvalConfig(engine="sglang", device="cpu", **paths)
+    assert "--engine vllm" in str(err.value) and "--device cuda" in str(err.value)
+    assert not paths["out"].exists()
+    EngineEvalConfig(engine="sglang", device="cuda", **paths)  # the GPU engine and vLLM need no AMX
+    EngineEvalConfig(engine="vllm", **paths)
+
+
+def test_the_amx_probe_agrees_with_the_kernels_cpu_flags():
+    flags = Path("/proc/cpuinfo")
+    if not flags.is_file():
+        pytest.skip("no /proc/cpuinfo (not Linux): SGLang's CPU engine is Linux-only")
+    assert cpu_has_amx() == (" amx_tile" in flags.read_text())
 
 
 def test_meta_info_histogram_gives_rounds_and_accepted_drafts_per_position():

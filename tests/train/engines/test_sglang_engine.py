@@ -2,7 +2,8 @@
 
 Runs with ``pytest -m sglang_cpu`` only, in the venv ``.ci/sglang_venv.sh`` makes from the SGLang
 CPU rig (``../shared/wheels``), which is then also the engine's venv; without SGLang it fails,
-never skips.
+never skips. On a CPU without Intel AMX it skips: SGLang's CPU engine cannot speculate there, and
+``osprey eval engine`` refuses it up front (``SGLANG_CPU_NEEDS_AMX``; tested in test_sglang_counters.py).
 
 On CPU SGLang runs bfloat16 only, and its speculative decoding is wrong at the rig's snapshot
 (the rig's README: the verified greedy output leaves the plain output after a few tokens), so
@@ -35,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from osprey_train.engines.compare import first_difference
-from osprey_train.engines.engine_eval import EngineEvalConfig
+from osprey_train.engines.engine_eval import SGLANG_CPU_NEEDS_AMX, EngineEvalConfig, cpu_has_amx
 from osprey_train.engines.engine_eval import run as engine_eval
 from tests.helpers.engine_drafters import whole_target_osprey
 from tests.helpers.tiny import make_tiny_llama
@@ -59,6 +60,7 @@ def drafter(tmp_path_factory, tiny_tokenizer):
             "inputs": write_jsonl(work / "prompts.jsonl", PROMPTS[:NUM_PROMPTS])}
 
 
+@pytest.mark.skipif(not cpu_has_amx(), reason=SGLANG_CPU_NEEDS_AMX)
 def test_eval_engine_sglang_runs_reads_counters_and_reports_the_cpu_engine_not_lossless(drafter):
     out = drafter["work"] / "run"
     report = engine_eval(EngineEvalConfig(engine="sglang", drafter=drafter["drafter"], target=str(drafter["target"]),
