@@ -2,9 +2,11 @@
 model classes and SGLang's EAGLE-3 worker runs their draft forward; a broken export fails to load.
 
 Runs with ``pytest -m sglang_cpu`` only, in the venv ``.ci/sglang_venv.sh`` makes from the SGLang
-CPU rig (``../shared/wheels``); without SGLang the tests fail, never skip. The two that speculate
-skip on a CPU without Intel AMX, where SGLang's CPU engine cannot run EAGLE drafters at all
-(``SGLANG_CPU_NEEDS_AMX``); the truncated-export test runs everywhere (the load fails first).
+CPU rig (``../shared/wheels``); without SGLang the tests fail, never skip. On a CPU without Intel
+AMX SGLang's CPU engine cannot run EAGLE drafters (``SGLANG_CPU_NEEDS_AMX``): it builds the draft
+model, then refuses at attention setup. There the two speculating tests are replaced by their
+no-AMX twins, which check the load (the draft model built as the right class) and that refusal;
+the truncated-export test runs everywhere (the load fails first).
 
 For each architecture a tiny random drafter for a tiny random Llama target (4 heads of 64: SGLang's
 CPU attention kernels refuse head size 16) is exported with ``osprey export --format sglang`` in
@@ -139,6 +141,43 @@ def test_export_loads_in_sglangs_class_and_drafts_every_round(exports, arch, mon
         assert sum(meta["spec_accept_histogram"]) == rounds, meta
 
 
+def _failed_start(target, export, capfd, match: str) -> str:
+    """Start the engine, expect it to die during initialisation; return the captured stderr."""
+    import zmq  # SGLang's dependency, in its venv
+
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = {id(o) for o in gc.get_objects() if isinstance(o, (zmq.Context, zmq.Socket))}
+    try:
+        with pytest.raises(RuntimeError, match=match):
+            sglang_engine(target, export)
+    finally:
+        # A failed start is not cleaned up by SGLang: its detokenizer keeps running, and the ZMQ
+        # contexts and sockets it opened block this process's exit forever (Context.__del__ ->
+        # term, seen; a socket left open on the shared Context.instance() blocks it too, seen).
+        for p in psutil.Process().children(recursive=True):
+            if p.pid not in children and p.name().startswith("sglang::"):
+                p.kill()
+        opened = [o for o in gc.get_objects() if isinstance(o, (zmq.Context, zmq.Socket)) and id(o) not in before]
+        for sock in (o for o in opened if isinstance(o, zmq.Socket)):
+            sock.close(linger=0)
+        for ctx in (o for o in opened if isinstance(o, zmq.Context)):
+            ctx.destroy(linger=0)
+    return capfd.readouterr().err
+
+
+@pytest.mark.skipif(cpu_has_amx(), reason="on a CPU with AMX the engine starts: the test above runs instead")
+@pytest.mark.parametrize("arch", ["osprey", "eagle3"])
+def test_without_amx_the_export_still_loads_in_sglangs_class_before_the_engine_refuses(exports, arch, monkeypatch,
+                                                                                        capfd):
+    """SGLang builds the draft model (our class's ``load_weights`` runs) before it sets up attention,
+    where a CPU without AMX stops it: the load is checked on every CPU."""
+    _use_external_class(monkeypatch, arch)
+    err = _failed_start(exports["target"], exports[arch], capfd, "scheduler died during initialization")
+    built = [line for line in err.splitlines() if "Load weight end" in line]
+    assert len(built) == 2 and f"type={CLASSES[arch]}," in built[1], "\n".join(built)  # target, then draft
+    assert "EAGLE is not supported in decode attention backend torch_native" in err, err[-3000:]
+
+
 def test_truncated_osprey_export_fails_to_load_with_the_reason(exports, tmp_path, monkeypatch, capfd):
     """One tensor removed: our class's ``load_weights`` refuses (SGLang would leave the parameter
     uninitialised and serve garbage drafts, still lossless, so nothing else would notice)."""
@@ -150,21 +189,5 @@ def test_truncated_osprey_export_fails_to_load_with_the_reason(exports, tmp_path
     state.pop("model.layers.1.self_attn.k_proj.weight")
     save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
     _use_external_class(monkeypatch, "osprey")
-    import zmq  # SGLang's dependency, in its venv
-
-    children = {p.pid for p in psutil.Process().children(recursive=True)}
-    contexts = {id(c) for c in gc.get_objects() if isinstance(c, zmq.Context)}
-    try:
-        with pytest.raises(RuntimeError, match="scheduler died during initialization"):
-            sglang_engine(exports["target"], broken)
-    finally:
-        # A failed start is not cleaned up by SGLang: its detokenizer keeps running, and the ZMQ
-        # contexts it opened block this process's exit forever (Context.__del__ -> term, seen).
-        for p in psutil.Process().children(recursive=True):
-            if p.pid not in children and p.name().startswith("sglang::"):
-                p.kill()
-        for c in gc.get_objects():
-            if isinstance(c, zmq.Context) and id(c) not in contexts:
-                c.destroy(linger=0)
-    err = capfd.readouterr().err
+    err = _failed_start(exports["target"], broken, capfd, "scheduler died during initialization")
     assert "the checkpoint lacks 1 tensor(s) the model needs (model.layers.1.self_attn.k_proj.weight)" in err, err[-3000:]
