@@ -34,8 +34,8 @@ from osprey_data.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
-__all__ = ["CAPABILITY_ENV", "PRECISIONS", "TRAIN_PRECISIONS", "Precision", "cpu_bf16_capable", "resolve_precision",
-           "prepack_linears"]
+__all__ = ["CAPABILITY_ENV", "PRECISIONS", "TRAIN_PRECISIONS", "Precision", "cpu_bf16_capable", "cpu_description",
+           "resolve_precision", "prepack_linears"]
 
 PRECISIONS: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "bf16-autocast")
 TRAIN_PRECISIONS: tuple[str, ...] = ("auto", "float32", "bf16-autocast")
@@ -55,6 +55,21 @@ def _cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def cpu_description() -> dict[str, Any]:
+    """This CPU's model name, core count and the flags that decide which bf16 kernels run (AMX tiles
+    or AVX-512 BF16): figures computed on two machines can differ in rounding, so studies record it."""
+    model = None
+    try:
+        for line in _CPUINFO.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = _cpu_flags()
+    return {"cpu": model, "cores": os.cpu_count(), "amx": "amx_tile" in flags, "avx512_bf16": "avx512_bf16" in flags}
 
 
 def _mkldnn_bf16_supported() -> bool:

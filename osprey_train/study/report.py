@@ -232,6 +232,14 @@ def _plot_stage2(results: dict, path: Path) -> Path | None:
     return path
 
 
+def _machine(m: dict | None) -> str:
+    if not m:
+        return "an unrecorded machine (written before stages recorded one)"
+    isa = "AMX" if m.get("amx") else ("AVX-512 BF16, no AMX" if m.get("avx512_bf16") else "no bf16 instructions")
+    gpu = f", {m['gpu']}" if m.get("gpu") else ""
+    return f"{m.get('cpu') or 'an unnamed CPU'} ({m.get('cores')} cores, {isa}{gpu})"
+
+
 def _version(doc: dict) -> str:
     """The code a report or stage ran: ``commit `abc123def456` `` (``+changes`` for a dirty tree) in a
     git checkout, else the installed package's version (a wheel has no commit)."""
@@ -275,6 +283,9 @@ def render_readme(results: dict, claims: list[dict], notes: str | None, study_fi
     versions = sorted({_version(v) for v in results["stage_code_versions"]})
     lines += [f"Code: report by {_version(results['code_version'])}; stages ran with "
               f"{', '.join(versions) or 'none yet'}.", ""]
+    if results.get("stage_machines"):
+        lines += ["Machines: " + "; ".join(f"{m['stages']} stages on {_machine(m['machine'])}"
+                                           for m in results["stage_machines"]) + ".", ""]
 
     lines += ["## Headline", ""]
     rows = []

@@ -179,6 +179,11 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         compute["load_average_mean"] = sum(la) / len(la)
     compute["threads"] = sorted(t for t in threads if t is not None)
     commits = sorted({json.dumps(records[n.key].get("code_version", {}), sort_keys=True) for n in done})
+    # a study folder can outlive its machine's hardware: say which stages ran where
+    machines: dict[str, int] = {}
+    for n in done:
+        desc = json.dumps(records[n.key].get("machine"), sort_keys=True)
+        machines[desc] = machines.get(desc, 0) + 1
 
     live = None
     if plan.live is not None and not plan.live.pending and records.get(plan.live.key):
@@ -190,6 +195,7 @@ def collect(cfg: StudyConfig, out: Path, plan: Plan | None = None) -> dict[str, 
         "study": {"name": cfg.study.name, "description": cfg.study.description,
                   "file": cfg.path.name if cfg.path else None},
         "code_version": code_version(), "stage_code_versions": [json.loads(c) for c in commits],
+        "stage_machines": [{"machine": json.loads(m), "stages": c} for m, c in sorted(machines.items())],
         "progress": {"stages": len(plan.nodes), "done": len(done), "missing": missing},
         "settings": {name: config_json(getattr(cfg, name)) for name in
                      ("stores", "prune", "pretrain", "distill", "eval", "live") if getattr(cfg, name) is not None},

@@ -48,6 +48,7 @@ from osprey_data.atomic import replace_dir, write_json
 from osprey_data.errors import ConfigError, InputError, Interrupted
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.cpu_threads import busy_machine_threads, machine_load
+from osprey_data.target_model.precision import cpu_description
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.eta import A_PRIORI_RATES, format_duration, study_estimate
 from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
@@ -148,6 +149,14 @@ def code_version() -> dict[str, Any]:
     return doc
 
 
+def machine() -> dict[str, Any]:
+    """What a stage ran on: the CPU (``cpu_description``) and the GPU, if one was visible."""
+    import torch
+
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {**cpu_description(), "gpu": cuda}
+
+
 def _cpu_seconds() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -197,7 +206,7 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - wall0, "cpu_s": _cpu_seconds() - cpu0, "threads": threads,
         "load_average": [load0, machine_load()[0]],
-        "resumed": interrupted and node.resumable, "code_version": code_version(),
+        "resumed": interrupted and node.resumable, "code_version": code_version(), "machine": machine(),
         CHECKSUM_KEY: output_checksums(work, node.kind),
     }
     write_json(work / STAGE_RECORD, record, default=str)

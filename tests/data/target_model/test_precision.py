@@ -81,6 +81,18 @@ def test_cpuinfo_flags_are_read(tmp_path, monkeypatch):
     assert prec._cpu_flags() == frozenset()
 
 
+def test_cpu_description_names_the_model_and_the_bf16_kernels_it_selects(tmp_path, monkeypatch):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512_bf16\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512_bf16\n")
+    monkeypatch.setattr(prec, "_CPUINFO", info)
+    desc = prec.cpu_description()
+    assert desc["cpu"] == "AMD EPYC 9R14" and desc["amx"] is False and desc["avx512_bf16"] is True
+    assert desc["cores"] >= 1
+    info.write_text("flags\t\t: fpu amx_tile amx_bf16 avx512_bf16\n")   # no model line: unnamed, flags still read
+    assert prec.cpu_description()["cpu"] is None and prec.cpu_description()["amx"] is True
+
+
 @pytest.mark.skipif(not (prec._BF16_FLAGS[0] in prec._cpu_flags() or prec._BF16_FLAGS[1] in prec._cpu_flags()),
                     reason="needs a CPU with bf16 matrix instructions")
 def test_prepacked_linears_match_f_linear():

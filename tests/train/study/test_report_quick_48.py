@@ -130,6 +130,18 @@ def test_a_wheel_install_reports_the_package_version_not_unknown(quick_report):
     assert "unknown" not in code and "osprey 9.8.7" in code, code
 
 
+def test_stages_from_two_machines_and_unrecorded_ones_are_all_named(quick_report):
+    _, result = quick_report
+    amd = {"cpu": "AMD EPYC", "cores": 2, "amx": False, "avx512_bf16": True, "gpu": None}
+    xeon = {"cpu": "Intel Xeon", "cores": 2, "amx": True, "avx512_bf16": True, "gpu": None}
+    results = {**result.results, "stage_machines": [{"machine": None, "stages": 3}, {"machine": amd, "stages": 4},
+                                                    {"machine": xeon, "stages": 5}]}
+    readme = render_readme(results, results["claims"], None, "smollm2-quick")
+    line = next(line for line in readme.splitlines() if line.startswith("Machines:"))
+    assert "3 stages on an unrecorded machine" in line, line
+    assert "4 stages on AMD EPYC (2 cores, AVX-512 BF16, no AMX)" in line and "5 stages on Intel Xeon (2 cores, AMX)" in line
+
+
 def test_study_run_ends_with_the_headline_acceptance_length_per_arm(quick_report):
     from click.testing import CliRunner
 

@@ -55,6 +55,7 @@ def test_every_stage_runs_once_and_is_complete(finished):
         record = read_record(out, node)
         assert record["key"] == node.key and record["wall_s"] >= 0 and record["threads"] == 1
         assert "commit" in record["code_version"] or record["code_version"]["package"]
+        assert set(record["machine"]) == {"cpu", "cores", "amx", "avx512_bf16", "gpu"}
     # finished training stages keep their final output, not their checkpoints
     for node in plan.drafters.values():
         assert (stage_dir(out, node) / "run" / "final" / "config.json").is_file()
@@ -160,6 +161,8 @@ def test_status_and_report_of_the_finished_study(finished, tmp_path):
     assert claims["low_lr"]["verdict"] == "not measured"     # the tiny preset has no lr/10 arms
     readme = (tmp_path / "report" / "README.md").read_text()
     assert "## The paper's claims at this scale" in readme and "All 46 stages finished." in readme
+    assert [m["stages"] for m in doc["stage_machines"]] == [46]   # one machine ran them all, and says so
+    assert f"Machines: 46 stages on {doc['stage_machines'][0]['machine']['cpu'] or 'an unnamed CPU'}" in readme
     # a claim whose arms the study lacks is named once below the table, not listed as a row
     low_lr = claims["low_lr"]["claim"]
     assert f"| {low_lr} |" not in readme and "Left out, as this study has no arm for them:" in readme
