@@ -52,7 +52,7 @@ from osprey_train.models.base import Drafter
 from osprey_train.models.config import DrafterConfig
 
 __all__ = ["write_dflash_vllm", "read_dflash_vllm", "write_dflash_sglang", "read_dflash_sglang", "SHARED_WITH_TARGET",
-           "target_layer_ids"]
+           "target_layer_ids", "differing_k_norms", "VLLM_CPU_K_NORM_NOTE"]
 
 SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")
 """Tensors vLLM takes from the target when the export has none."""
@@ -91,12 +91,32 @@ def _engine_layout(model: Drafter, dtype: torch.dtype) -> tuple[dict, dict[str, 
     return doc, state
 
 
+VLLM_CPU_K_NORM_NOTE = """\
+## Known issue: vLLM on CPU
+
+This drafter's layers have different `k_norm` weights. vLLM 0.32 normalises the context keys of all
+layers in one `rms_norm` call with the layers' weights stacked, and its CPU kernel applies layer 0's
+weight to every layer (Osprey's `tests/train/engines/test_vllm_kernels.py` pins it). On CPU, vLLM
+therefore serves a slightly different drafter: still lossless, but its acceptance can differ from
+`osprey eval acceptance` (measured: one round of 146 on a test drafter). vLLM on CUDA was not checked.
+"""
+
+
+def differing_k_norms(state: dict[str, torch.Tensor]) -> bool:
+    """Whether the layers' ``k_norm`` weights differ (what vLLM's CPU kernel gets wrong, see the note)."""
+    weights = [t for name, t in state.items() if name.endswith("self_attn.k_norm.weight")]
+    return any(not torch.equal(weights[0], w) for w in weights[1:])
+
+
 def write_dflash_vllm(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
                       speculative_tokens: int | None = None) -> Path:
     """The ``DFlashDraftModel`` layout, which vLLM 0.32 loads natively (``method: dflash``)."""
     steps = block_size_of(model.config) - 1 if speculative_tokens is None else speculative_tokens
     doc, state = _engine_layout(model, dtype)
-    return write_vllm_folder(out, state, doc, source_dir, overwrite, vllm_readme(model, out, speculative_tokens=steps))
+    readme = vllm_readme(model, out, speculative_tokens=steps)
+    if differing_k_norms(state):
+        readme += "\n" + VLLM_CPU_K_NORM_NOTE
+    return write_vllm_folder(out, state, doc, source_dir, overwrite, readme)
 
 
 def write_dflash_sglang(model: Drafter, out: Path, *, dtype: torch.dtype, source_dir: Path | None, overwrite: bool,
