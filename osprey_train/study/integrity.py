@@ -31,14 +31,16 @@ from typing import Any
 
 from osprey_data import jsonio
 from osprey_data.digest import file_sha256
-from osprey_data.errors import StageCorruptError
+from osprey_data.errors import SchemaError, StageCorruptError
+from osprey_data.schema_check import validate
 from osprey_train.trainer.run_lock import LOCK_NAME
 
 __all__ = ["output_checksums", "verify_stage", "read_stage_record", "damaged_outputs", "refuse_damaged",
-           "CHECKSUM_KEY"]
+           "CHECKSUM_KEY", "STAGE_SCHEMA"]
 
 CHECKSUM_KEY = "outputs_sha256"
 STAGE_RECORD = "stage.json"
+STAGE_SCHEMA = "study-stage.v1.json"
 # kind -> sub-folder that checks its own integrity on every read (not hashed again here)
 _SELF_VERIFYING = {"store": "store", "corpus": "corpus"}
 _SKIPPED_NAMES = {STAGE_RECORD, LOCK_NAME}
@@ -74,6 +76,11 @@ def read_stage_record(folder: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != "osprey-study-stage":
         raise StageCorruptError(f"{path}: not a study stage record; delete {Path(folder)} and rerun the same "
                                 "command to run that stage again")
+    try:
+        validate(doc, STAGE_SCHEMA, where=str(path))
+    except SchemaError as exc:
+        raise StageCorruptError(f"{exc}; delete {Path(folder)} and rerun the same command to run that stage "
+                                "again") from None
     return doc
 
 

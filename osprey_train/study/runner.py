@@ -30,6 +30,7 @@ stage, what was kept and the command that continues the study (exit 130 / 143).
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -46,12 +47,14 @@ from typing import Any
 from osprey_data import jsonio
 from osprey_data.atomic import replace_dir, write_json
 from osprey_data.errors import ConfigError, InputError, Interrupted
+from osprey_data.schema_check import validate
 from osprey_data.interrupt import GracefulStop, StopRequested, signal_name
 from osprey_data.cpu_threads import busy_machine_threads, machine_load
 from osprey_data.target_model.precision import cpu_description
 from osprey_train.study.config import StudyConfig
 from osprey_train.study.eta import A_PRIORI_RATES, format_duration, study_estimate
-from osprey_train.study.integrity import CHECKSUM_KEY, output_checksums, read_stage_record, verify_stage
+from osprey_train.study.integrity import (CHECKSUM_KEY, STAGE_SCHEMA, output_checksums, read_stage_record,
+                                          verify_stage)
 from osprey_train.study.plan import Node, Plan, build_plan
 from osprey_data.target_model.model_config import peek_model_config
 from osprey_train.stages.prune import check_kept_layers
@@ -209,7 +212,9 @@ def _run_stage(cfg: StudyRunConfig, ctx: StageContext, node: Node) -> dict[str, 
         "resumed": interrupted and node.resumable, "code_version": code_version(), "machine": machine(),
         CHECKSUM_KEY: output_checksums(work, node.kind),
     }
-    write_json(work / STAGE_RECORD, record, default=str)
+    record = json.loads(json.dumps(record, default=str))   # as it will read back
+    validate(record, STAGE_SCHEMA, where=str(work / STAGE_RECORD))   # a wrong record is a bug: never written
+    write_json(work / STAGE_RECORD, record)
     (out / "stages").mkdir(exist_ok=True)
     replace_dir(work, stage_dir(out, node))
     return record

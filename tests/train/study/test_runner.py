@@ -352,3 +352,24 @@ def test_a_garbage_stage_record_is_an_error_not_done(finished, tmp_path, garbage
     st = status(cfg, out)   # status agrees: not finished, and named as damaged
     assert st.done == len(build_plan(cfg, lookup=lambda key: read_record(out, key)).nodes) - 1
     assert st.damaged == [str(stage_dir(out, node))] and "damaged:" in st.to_text()
+
+
+def test_a_stage_record_off_its_schema_is_refused_naming_the_field(finished, tmp_path):
+    """stage.json is checked against schemas/study-stage.v1.json on every read: a record edited by
+    hand, or written by a broken tool (study folders are shared), is refused, never half-trusted."""
+    from osprey_data.errors import StageCorruptError
+    from osprey_train.study.integrity import read_stage_record
+
+    cfg, reference, _ = finished
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    node = build_plan(cfg, lookup=lambda key: read_record(out, key)).live
+    path = stage_dir(out, node) / "stage.json"
+    record = json.loads(path.read_text())
+    assert read_stage_record(path.parent) == record   # a record the runner wrote validates
+    path.write_text(json.dumps({**record, "wall_s": "fast"}))
+    with pytest.raises(StageCorruptError, match=r"stage.json.*wall_s.*delete .* rerun"):
+        read_stage_record(path.parent)
+    path.write_text(json.dumps({**record, "deps": {"drafter": "not-a-key"}}))
+    with pytest.raises(StageCorruptError, match=r"deps/drafter"):
+        run(StudyRunConfig(study=cfg, out=out, progress=False))
